@@ -1,0 +1,55 @@
+// Metrics JSON, the progress line and timeline merging (obs/).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "trireme/obs/json.h"
+#include "trireme/obs/progress.h"
+#include "trireme/obs/timeline.h"
+
+using namespace trireme::obs;
+
+TEST(Json, ObjectAndEscaping) {
+  JsonObject o;
+  o.add("step", 3).add("loss", 2.123456789012).add("name", "a\"b\n").add("ok", true);
+  EXPECT_EQ(o.str(), R"({"step": 3, "loss": 2.123456789, "name": "a\"b\n", "ok": true})");
+  EXPECT_EQ(json_number(1.0 / 0.0), "null");
+}
+
+TEST(Progress, Formats) {
+  EXPECT_EQ(format_duration(191), "3m11s");
+  EXPECT_EQ(format_duration(45), "45s");
+  EXPECT_EQ(format_duration(3720), "1h02m");
+  EXPECT_EQ(format_count(18300), "18.3k");
+  EXPECT_EQ(format_count(1.2e6), "1.20M");
+  ProgressState s{42, 200, 2.41371, 18300, 1.21};
+  EXPECT_EQ(format_progress(s), "step  42/200 | loss 2.4137 | 18.3k tok/s | 1.21 s/step | ETA 3m11s");
+}
+
+TEST(Timeline, WritesAndMergesParts) {
+  const std::string dir = testing::TempDir();
+  std::vector<std::string> parts;
+  for (int rank = 0; rank < 2; ++rank) {
+    Timeline t(rank);
+    t.add({"forward", "compute", Lane::kCompute, 1000.0 + rank, 50, ""});
+    t.add({"allreduce b0", "comm", Lane::kComm, 1060, 20, R"({"bytes": 64})"});
+    parts.push_back(dir + "/part" + std::to_string(rank) + ".json");
+    t.write(parts.back());
+  }
+  parts.push_back(dir + "/missing.json");
+  const std::string merged = dir + "/trace.json";
+  EXPECT_EQ(merge_trace_parts(parts, merged), 2);
+  std::ifstream in(merged);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  EXPECT_NE(s.find("\"name\": \"rank 1\""), std::string::npos);
+  EXPECT_NE(s.find("\"ts\": 1001"), std::string::npos);
+  EXPECT_NE(s.find("\"args\": {\"bytes\": 64}"), std::string::npos);
+  // 2 ranks x (3 metadata + 2 events) objects
+  size_t count = 0;
+  for (size_t at = s.find("\"ph\""); at != std::string::npos; at = s.find("\"ph\"", at + 1)) ++count;
+  EXPECT_EQ(count, 10u);
+}

@@ -1,0 +1,23 @@
+// Entry points of the `trireme` subcommands. Each returns the process exit code and may
+// throw trireme::Error; main() turns errors into one line on stderr and a non-zero exit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trireme::cli {
+
+// trireme run --nproc-per-node N [--nnodes K --node-rank R --rdzv HOST:PORT] -- PROG ARGS
+int run_main(const std::vector<std::string>& args);
+
+// trireme train gpt ...: validates flags, then launches its own ranks (re-executing this
+// binary as `trireme __train-worker gpt ...`) through the launcher.
+int train_main(const std::vector<std::string>& args);
+
+// The per-rank body of `trireme train gpt`, run inside a launched worker.
+int train_worker_main(const std::vector<std::string>& args);
+
+// Absolute path of the running `trireme` binary (for re-executing itself as a worker).
+std::string self_executable();
+
+}  // namespace trireme::cli

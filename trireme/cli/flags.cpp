@@ -1,0 +1,147 @@
+#include "trireme/cli/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "trireme/common/error.h"
+
+namespace trireme::cli {
+namespace {
+
+int64_t parse_integer(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0, "--", flag,
+                " expects an integer, got '", text, "'");
+  return value;
+}
+
+double parse_real(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0, "--", flag,
+                " expects a number, got '", text, "'");
+  return value;
+}
+
+}  // namespace
+
+void FlagParser::add(const std::string& name, int64_t* target, std::string help) {
+  flags_.push_back({name, std::move(help), false,
+                    [name, target](const std::string& v) { *target = parse_integer(name, v); },
+                    std::to_string(*target)});
+}
+
+void FlagParser::add(const std::string& name, int* target, std::string help) {
+  flags_.push_back({name, std::move(help), false,
+                    [name, target](const std::string& v) {
+                      const int64_t value = parse_integer(name, v);
+                      TRIREME_CHECK(value >= INT32_MIN && value <= INT32_MAX, "--", name,
+                                    " is out of range: ", v);
+                      *target = static_cast<int>(value);
+                    },
+                    std::to_string(*target)});
+}
+
+void FlagParser::add(const std::string& name, double* target, std::string help) {
+  std::ostringstream def;
+  def << *target;
+  flags_.push_back({name, std::move(help), false,
+                    [name, target](const std::string& v) { *target = parse_real(name, v); },
+                    def.str()});
+}
+
+void FlagParser::add(const std::string& name, std::string* target, std::string help) {
+  flags_.push_back({name, std::move(help), false,
+                    [target](const std::string& v) { *target = v; }, *target});
+}
+
+void FlagParser::add_switch(const std::string& name, bool* target, std::string help) {
+  flags_.push_back(
+      {name, std::move(help), true, [target](const std::string&) { *target = true; }, ""});
+}
+
+const FlagParser::Flag* FlagParser::find(const std::string& name) const {
+  for (const auto& flag : flags_)
+    if (flag.name == name) return &flag;
+  return nullptr;
+}
+
+std::vector<std::string> FlagParser::parse(const std::vector<std::string>& args,
+                                           bool allow_unknown) const {
+  help_requested_ = false;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      positional.insert(positional.end(), args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg == "--help" || arg == "-h") {
+      help_requested_ = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      positional.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2);
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    const Flag* flag = find(name);
+    if (!flag) {
+      if (allow_unknown) {
+        positional.push_back(arg);
+        continue;
+      }
+      TRIREME_THROW(InvalidArgument, "unknown flag --", name, " for '", command_, "'; run '",
+                    command_, " --help' for the flags");
+    }
+    if (flag->is_switch) {
+      TRIREME_CHECK(!has_value, "--", name, " is a switch and takes no value");
+      flag->set("");
+      continue;
+    }
+    if (!has_value) {
+      TRIREME_CHECK(i + 1 < args.size(), "--", name, " needs a value");
+      value = args[++i];
+    }
+    flag->set(value);
+  }
+  return positional;
+}
+
+std::string FlagParser::usage() const {
+  std::ostringstream out;
+  out << "flags of '" << command_ << "':\n";
+  for (const auto& flag : flags_) {
+    std::string left = "  --" + flag.name + (flag.is_switch ? "" : " VALUE");
+    if (left.size() < 28) left.resize(28, ' ');
+    out << left << " " << flag.help;
+    if (!flag.is_switch && !flag.default_value.empty())
+      out << " (default " << flag.default_value << ")";
+    out << "\n";
+  }
+  return out.str();
+}
+
+void parse_host_port(const std::string& flag, const std::string& value, std::string* host,
+                     int* port) {
+  const auto colon = value.rfind(':');
+  TRIREME_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < value.size(), "--",
+                flag, " expects HOST:PORT, got '", value, "'");
+  const int64_t p = parse_integer(flag, value.substr(colon + 1));
+  TRIREME_CHECK(p >= 0 && p <= 65535, "--", flag, " port must be 0..65535, got ", p);
+  *host = value.substr(0, colon);
+  *port = static_cast<int>(p);
+}
+
+}  // namespace trireme::cli

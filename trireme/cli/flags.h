@@ -1,0 +1,58 @@
+// A small command-line flag parser for the `trireme` subcommands.
+//
+// Flags are `--name VALUE` or `--name=VALUE`; boolean flags are `--name` alone. Each flag
+// binds to a field of an options struct, so the knobs are read once into a struct. Errors
+// are InvalidArgument with one line naming the flag and the fix:
+//   unknown flag --stepz for 'trireme train'; run 'trireme train --help' for the flags
+//   --steps expects an integer, got 'ten'
+// `--` ends flag parsing; what follows is returned as positional arguments.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trireme::cli {
+
+class FlagParser {
+ public:
+  explicit FlagParser(std::string command) : command_(std::move(command)) {}
+
+  void add(const std::string& name, int64_t* target, std::string help);
+  void add(const std::string& name, int* target, std::string help);
+  void add(const std::string& name, double* target, std::string help);
+  void add(const std::string& name, std::string* target, std::string help);
+  // A boolean switch: present means true.
+  void add_switch(const std::string& name, bool* target, std::string help);
+
+  // Parses args (not including the program or subcommand name). Returns the positional
+  // arguments in order (everything after `--` is positional). Throws InvalidArgument.
+  // With allow_unknown, unknown flags are returned as positionals instead of refused.
+  std::vector<std::string> parse(const std::vector<std::string>& args,
+                                 bool allow_unknown = false) const;
+
+  // True when the last parse() saw --help / -h.
+  bool help_requested() const { return help_requested_; }
+  std::string usage() const;
+
+ private:
+  struct Flag {
+    std::string name;
+    std::string help;
+    bool is_switch = false;
+    std::function<void(const std::string&)> set;
+    std::string default_value;
+  };
+  const Flag* find(const std::string& name) const;
+
+  std::string command_;
+  std::vector<Flag> flags_;
+  mutable bool help_requested_ = false;
+};
+
+// Parses "HOST:PORT" (port 0..65535). Throws InvalidArgument naming the flag.
+void parse_host_port(const std::string& flag, const std::string& value, std::string* host,
+                     int* port);
+
+}  // namespace trireme::cli

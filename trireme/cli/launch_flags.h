@@ -1,0 +1,35 @@
+// The launcher's flags, shared by `trireme run` and `trireme train` (which starts its own
+// workers through the launcher):
+//   --nproc-per-node N  --nnodes K  --node-rank R  --rdzv HOST:PORT
+//   --max-restarts M  --join-timeout SECONDS
+// Usage:
+//   FlagParser parser("trireme train");
+//   LaunchFlags launch_flags;
+//   add_launch_flags(parser, &launch_flags);
+//   ... add the command's own flags, parser.parse(args) ...
+//   launch::LaunchOptions options = finish_launch_flags(launch_flags, command);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trireme/cli/flags.h"
+#include "trireme/launch/launcher.h"
+
+namespace trireme::cli {
+
+// What the flags are parsed into: --rdzv stays text until finish_launch_flags.
+struct LaunchFlags {
+  launch::LaunchOptions options;
+  std::string rdzv;  // HOST:PORT as given; empty when --rdzv was not given
+};
+
+// Registers the launcher flags on parser, bound to *flags (which must outlive parsing).
+void add_launch_flags(FlagParser& parser, LaunchFlags* flags);
+
+// After parsing: applies --rdzv, sets the command to run, validates everything.
+// Throws InvalidArgument with one line naming the flag and the fix.
+launch::LaunchOptions finish_launch_flags(const LaunchFlags& flags,
+                                          std::vector<std::string> command);
+
+}  // namespace trireme::cli

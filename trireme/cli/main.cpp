@@ -1,0 +1,68 @@
+// `trireme`: the command-line tool. Dispatches to a subcommand and is the only place that
+// turns library errors into a one-line message and an exit code:
+//   exit 2  bad input (InvalidArgument): the message names the problem and the fix
+//   exit 1  any other failure
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "trireme/cli/commands.h"
+#include "trireme/common/error.h"
+
+namespace trireme::cli {
+
+std::string self_executable() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  TRIREME_CHECK(n > 0, "cannot resolve /proc/self/exe");
+  path[n] = '\0';
+  return path;
+}
+
+}  // namespace trireme::cli
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: trireme <command> [flags]\n"
+    "commands:\n"
+    "  run     launch a program on N local ranks (torchrun-compatible environment)\n"
+    "  train   train a reference model: trireme train gpt --nproc-per-node 2 --dp 2\n"
+    "run 'trireme <command> --help' for its flags\n";
+
+// Errors reach the user as one line: collapse any newlines a lower layer put in.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "run") return trireme::cli::run_main(args);
+    if (command == "train") return trireme::cli::train_main(args);
+    if (command == "__train-worker") return trireme::cli::train_worker_main(args);
+    std::fprintf(stderr, "trireme: unknown command '%s'; run 'trireme --help' for the commands\n",
+                 command.c_str());
+    return 2;
+  } catch (const trireme::InvalidArgument& e) {
+    std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
+    return 1;
+  }
+}

@@ -1,0 +1,9 @@
+# The CLI: flag parsing is pure (in trireme_core so unit tests reach it); the subcommands
+# link the library.
+target_sources(trireme_core PRIVATE trireme/cli/flags.cpp trireme/cli/train_options.cpp)
+target_sources(trireme_cli PRIVATE
+  trireme/cli/main.cpp
+  trireme/cli/run.cpp
+  trireme/cli/launch_flags.cpp
+  trireme/cli/train_gpt.cpp
+  trireme/cli/train_worker.cpp)

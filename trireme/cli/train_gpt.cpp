@@ -1,0 +1,69 @@
+// `trireme train gpt`: checks every flag it can before any process starts, then launches
+// its own ranks through the launcher, each running `trireme __train-worker gpt ARGS` with
+// the same arguments (train_worker.cpp).
+#include <filesystem>
+#include <system_error>
+
+#include "trireme/cli/commands.h"
+#include "trireme/cli/launch_flags.h"
+#include "trireme/cli/train_options.h"
+#include "trireme/common/error.h"
+#include "trireme/data/corpus.h"
+
+namespace trireme::cli {
+namespace {
+
+constexpr const char* kTrainHelp =
+    "usage: trireme train gpt --nproc-per-node N [--dp N] [--steps S --batch B\n"
+    "                         --micro-batches M --seq T --layers L --dim D --heads H\n"
+    "                         --lr LR --seed SEED --data FILE --out DIR]\n"
+    "Trains the reference byte-level GPT on N local ranks (data parallel), writing\n"
+    "DIR/metrics.jsonl and DIR/trace.json, and prints a generated sample at the end.\n";
+
+void check_output_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  TRIREME_CHECK(!error, "--out ", dir, ": cannot create the directory (", error.message(),
+                "); choose a writable path");
+  const auto probe = std::filesystem::path(dir) / ".trireme-write-test";
+  FILE* f = std::fopen(probe.c_str(), "w");
+  TRIREME_CHECK(f, "--out ", dir, ": directory is not writable; choose a writable path");
+  std::fclose(f);
+  std::filesystem::remove(probe, error);
+}
+
+}  // namespace
+
+int train_main(const std::vector<std::string>& args) {
+  TrainOptions opt;
+  LaunchFlags launch_flags;
+  FlagParser parser("trireme train");
+  add_launch_flags(parser, &launch_flags);
+  add_train_flags(parser, &opt);
+  const auto positional = parser.parse(args);
+  if (parser.help_requested()) {
+    std::fputs(kTrainHelp, stdout);
+    std::fputs(parser.usage().c_str(), stdout);
+    return 0;
+  }
+  TRIREME_CHECK(!positional.empty(), "name the model to train: trireme train gpt ...");
+  TRIREME_CHECK(positional[0] == "gpt" && positional.size() == 1, "unknown model '",
+                positional[0], "' (or extra argument); the available model is: gpt");
+
+  std::vector<std::string> command = {self_executable(), "__train-worker"};
+  command.insert(command.end(), args.begin(), args.end());
+  const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
+
+  const int world_size = launch_options.nproc_per_node * launch_options.nnodes;
+  validate_train_options(&opt, world_size);
+  const data::Corpus corpus =
+      data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
+  corpus.require_length(opt.model.seq_len);
+  check_output_dir(opt.out);
+
+  const launch::LaunchResult result = launch::launch(launch_options);
+  if (!result.failure.empty()) std::fprintf(stderr, "trireme train: %s\n", result.failure.c_str());
+  return result.exit_code;
+}
+
+}  // namespace trireme::cli

@@ -1,0 +1,67 @@
+#include "trireme/cli/train_options.h"
+
+#include "trireme/common/error.h"
+#include "trireme/optim/lr_schedule.h"
+
+namespace trireme::cli {
+
+void add_train_flags(FlagParser& p, TrainOptions* o) {
+  p.add("layers", &o->model.layers, "transformer blocks");
+  p.add("dim", &o->model.dim, "model width");
+  p.add("heads", &o->model.heads, "attention heads (must divide --dim)");
+  p.add("seq", &o->model.seq_len, "sequence length in bytes");
+  p.add("steps", &o->steps, "optimizer steps");
+  p.add("batch", &o->batch, "global batch in sequences, split across data-parallel ranks");
+  p.add("micro-batches", &o->micro_batches, "gradient-accumulation micro-batches per rank");
+  p.add("lr", &o->lr, "peak learning rate (AdamW)");
+  p.add("min-lr", &o->min_lr, "final learning rate of the cosine decay");
+  p.add("warmup", &o->warmup, "linear warm-up steps");
+  p.add("weight-decay", &o->weight_decay, "AdamW weight decay");
+  p.add("clip", &o->clip, "clip gradients to this global L2 norm (0: off)");
+  p.add("seed", &o->seed, "seed of the model initialisation and data order");
+  p.add("data", &o->data, "UTF-8 text file to train on (default: the bundled KJV corpus)");
+  p.add("out", &o->out, "run directory for metrics.jsonl and trace.json");
+  p.add("dp", &o->dp, "data-parallel size (default: all ranks)");
+  p.add("tp", &o->tp, "tensor-parallel size");
+  p.add("pp", &o->pp, "pipeline-parallel size");
+  p.add("mesh-order", &o->mesh_order, "rank order of the mesh axes, innermost first");
+  p.add("bucket-mb", &o->bucket_mb, "gradient bucket size in MiB");
+  p.add("first-bucket-mb", &o->first_bucket_mb, "size of the first gradient bucket in MiB");
+  p.add("trace-steps", &o->trace_steps, "steps recorded in trace.json");
+  p.add("sample-tokens", &o->sample_tokens, "bytes of text generated at the end");
+  p.add("log-every", &o->log_every, "progress line every N steps when not on a terminal");
+  p.add("dump-params", &o->dump_params, "write the final parameters to this file");
+  p.add_switch("quiet", &o->quiet, "no progress line and no sample");
+}
+
+void validate_train_options(TrainOptions* o, int world_size) {
+  o->model.validate();
+  TRIREME_CHECK(o->steps >= 1, "--steps must be at least 1, got ", o->steps);
+  TRIREME_CHECK(o->batch >= 1, "--batch must be at least 1, got ", o->batch);
+  TRIREME_CHECK(o->micro_batches >= 1, "--micro-batches must be at least 1, got ",
+                o->micro_batches);
+  TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
+  TRIREME_CHECK(o->tp == 1, "--tp ", o->tp,
+                ": tensor parallelism is not available yet; use --tp 1");
+  TRIREME_CHECK(o->pp == 1, "--pp ", o->pp,
+                ": pipeline parallelism is not available yet; use --pp 1");
+  if (o->dp == 0) o->dp = world_size / (o->tp * o->pp);
+  TRIREME_CHECK(o->dp >= 1 && o->dp * o->tp * o->pp == world_size, "--dp ", o->dp, " x --tp ",
+                o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",
+                world_size, " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
+  TRIREME_CHECK(o->batch % o->dp == 0, "--batch ", o->batch, " is not divisible by ", o->dp,
+                " data-parallel ranks; choose a multiple of ", o->dp);
+  const int64_t local = o->batch / o->dp;
+  TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
+                " sequences) is not divisible by --micro-batches ", o->micro_batches,
+                "; choose --micro-batches dividing ", local);
+  TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0,
+                "--bucket-mb and --first-bucket-mb must be positive");
+  TRIREME_CHECK(o->trace_steps >= 0 && o->sample_tokens >= 0 && o->log_every >= 1,
+                "--trace-steps and --sample-tokens must be >= 0, --log-every >= 1");
+  optim::LrSchedule{o->lr, o->min_lr, o->warmup, o->steps}.validate();
+  TRIREME_CHECK(o->weight_decay >= 0, "--weight-decay must be >= 0");
+  TRIREME_CHECK(o->clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
+}
+
+}  // namespace trireme::cli

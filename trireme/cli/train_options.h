@@ -1,0 +1,47 @@
+// The flags of `trireme train gpt`, read once into a struct. Shared by the command that
+// validates and launches (train_gpt.cpp) and by each launched rank (train_worker.cpp),
+// which parse the same argument list.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trireme/cli/flags.h"
+#include "trireme/models/gpt_config.h"
+
+namespace trireme::cli {
+
+struct TrainOptions {
+  models::GptConfig model;
+  int64_t steps = 200;
+  int64_t batch = 16;        // global batch in sequences
+  int64_t micro_batches = 1; // gradient-accumulation micro-batches per rank
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup = 20;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  int64_t seed = 1234;
+  std::string data;          // empty: the bundled corpus
+  std::string out = "runs/gpt";
+  int dp = 0;                // 0: every rank data-parallel
+  int tp = 1;
+  int pp = 1;
+  std::string mesh_order = "tp-dp-pp";
+  double bucket_mb = 25;
+  double first_bucket_mb = 1;
+  int64_t trace_steps = 3;   // steps recorded in trace.json (after the first)
+  int64_t sample_tokens = 200;
+  int64_t log_every = 10;    // non-terminal progress: a line every N steps
+  std::string dump_params;   // write the final parameters to this file (rank 0)
+  bool quiet = false;
+};
+
+// Registers every training flag on `parser`, bound to `options`.
+void add_train_flags(FlagParser& parser, TrainOptions* options);
+
+// Checks everything that can be checked before starting processes, given the world size
+// the launch will produce. Throws InvalidArgument with one line naming the flag.
+void validate_train_options(TrainOptions* options, int world_size);
+
+}  // namespace trireme::cli

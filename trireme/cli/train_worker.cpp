@@ -1,0 +1,229 @@
+// The per-rank body of `trireme train gpt`: build the mesh and the model, wrap it in
+// DataParallel, and train with AdamW, micro-batch accumulation, clipping and the
+// warm-up/cosine schedule. Rank 0 writes DIR/metrics.jsonl, draws the progress line, merges
+// DIR/trace.json and prints a generated sample at the end.
+#include <torch/optim/adamw.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "trireme/cli/commands.h"
+#include "trireme/cli/train_options.h"
+#include "trireme/common/error.h"
+#include "trireme/data/batch.h"
+#include "trireme/data/corpus.h"
+#include "trireme/data/sampler.h"
+#include "trireme/dist/world.h"
+#include "trireme/models/gpt.h"
+#include "trireme/obs/clock.h"
+#include "trireme/obs/metrics.h"
+#include "trireme/obs/progress.h"
+#include "trireme/obs/timeline.h"
+#include "trireme/optim/clip.h"
+#include "trireme/optim/lr_schedule.h"
+#include "trireme/parallel/data/data_parallel.h"
+
+namespace trireme::cli {
+namespace {
+
+// Replaces bytes that are not valid UTF-8 (a sample may stop mid-character) with '?'.
+std::string printable(std::string text) {
+  size_t at = 0;
+  while (at < text.size()) {
+    const auto* data = reinterpret_cast<const uint8_t*>(text.data());
+    const int64_t bad = data::first_invalid_utf8(data + at, text.size() - at);
+    if (bad < 0) break;
+    text[at + bad] = '?';
+    at += bad + 1;
+  }
+  return text;
+}
+
+// Raw parameter dump for parity tests: per parameter, u32 name length, name, u64 count,
+// float32 values.
+void dump_parameters(torch::nn::Module& module, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  TRIREME_CHECK(out.good(), "--dump-params: cannot write ", path);
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor values = item.value().detach().to(at::kFloat).contiguous();
+    const uint32_t name_len = static_cast<uint32_t>(item.key().size());
+    const uint64_t count = static_cast<uint64_t>(values.numel());
+    out.write(reinterpret_cast<const char*>(&name_len), sizeof(name_len));
+    out.write(item.key().data(), name_len);
+    out.write(reinterpret_cast<const char*>(&count), sizeof(count));
+    out.write(reinterpret_cast<const char*>(values.data_ptr<float>()), count * sizeof(float));
+  }
+  TRIREME_CHECK(out.good(), "--dump-params: failed writing ", path);
+}
+
+struct StepTimes {
+  double forward_us = 0, backward_us = 0, optimizer_us = 0, step_us = 0;
+};
+
+// Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.
+struct ClockMap {
+  double offset = obs::wall_us() - obs::now_us();
+  double wall(double steady_us) const { return steady_us + offset; }
+};
+
+void record_comm(obs::Timeline& timeline, const ClockMap& clock,
+                 const parallel::StepCommStats& stats) {
+  for (const auto& b : stats.buckets)
+    timeline.add({"allreduce bucket " + std::to_string(b.bucket), "comm", obs::Lane::kComm,
+                  clock.wall(b.launch_us), b.done_us - b.launch_us,
+                  "{\"bytes\": " + std::to_string(b.bytes) + "}"});
+}
+
+}  // namespace
+
+int train_worker_main(const std::vector<std::string>& args) {
+  TrainOptions opt;
+  FlagParser parser("trireme train");
+  add_train_flags(parser, &opt);
+  const auto positional = parser.parse(args, /*allow_unknown=*/true);  // launcher flags too
+
+  dist::World world = dist::World::from_env();
+  validate_train_options(&opt, world.size());
+  const int rank = world.rank();
+  const bool leader = rank == 0;
+
+  // One intra-op thread per rank unless the launcher says otherwise.
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
+
+  const dist::Mesh mesh = dist::Mesh::from_sizes(opt.dp, opt.tp, opt.pp, opt.mesh_order);
+  dist::MeshGroups groups = world.mesh_groups(mesh);
+  const int dp_rank = groups.coord("dp");
+  const dist::Group& dp_group = groups.axis("dp");
+
+  const data::Corpus corpus =
+      data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
+  corpus.require_length(opt.model.seq_len);
+  const data::BatchSampler sampler(corpus.size(), opt.model.seq_len, opt.batch,
+                                   static_cast<uint64_t>(opt.seed));
+
+  models::Gpt model(opt.model, static_cast<uint64_t>(opt.seed));
+  parallel::DataParallelOptions dp_options;
+  dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
+  dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
+  parallel::DataParallel ddp(model.ptr(), dp_group, dp_options);
+
+  torch::optim::AdamW optimizer(
+      model->parameters(),
+      torch::optim::AdamWOptions(opt.lr).betas({0.9, 0.95}).weight_decay(opt.weight_decay));
+  const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
+
+  std::filesystem::create_directories(opt.out);
+  std::unique_ptr<obs::MetricsWriter> metrics;
+  if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl");
+  const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
+  obs::ProgressLine progress(stderr, live, opt.log_every);
+  obs::Timeline timeline(rank);
+  const ClockMap clock;
+  const int64_t trace_first = opt.steps > 1 ? 1 : 0;  // skip the warm-up step
+  const int64_t trace_last = trace_first + opt.trace_steps;
+  const int64_t tokens_per_step = opt.batch * opt.model.seq_len;
+  const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+  if (leader && !opt.quiet)
+    std::fprintf(stderr, "gpt: %lld parameters | %s | batch %lld x %lld bytes | %lld steps\n",
+                 (long long)model->num_parameters(), mesh.describe().c_str(),
+                 (long long)opt.batch, (long long)opt.model.seq_len, (long long)opt.steps);
+
+  double elapsed_s = 0;
+  for (int64_t step = 0; step < opt.steps; ++step) {
+    const bool tracing = step >= trace_first && step < trace_last;
+    const double lr = schedule.at(step);
+    for (auto& group : optimizer.param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+
+    const double step_start = obs::now_us();
+    StepTimes times;
+    const auto offsets = sampler.shard(step, dp_rank, opt.dp);
+    at::Tensor local_loss = at::zeros({1}, at::kDouble);
+    for (int64_t m = 0; m < opt.micro_batches; ++m) {
+      std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);
+      const data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
+      std::optional<parallel::DataParallel::NoSync> no_sync;
+      if (m + 1 < opt.micro_batches) no_sync.emplace(ddp);
+
+      const double f0 = obs::now_us();
+      at::Tensor loss = model->loss(batch.inputs, batch.targets) / static_cast<double>(opt.micro_batches);
+      const double f1 = obs::now_us();
+      loss.backward();
+      const double b1 = obs::now_us();
+      local_loss += loss.detach().to(at::kDouble);
+      times.forward_us += f1 - f0;
+      times.backward_us += b1 - f1;
+      if (tracing) {
+        timeline.add({"forward", "compute", obs::Lane::kCompute, clock.wall(f0), f1 - f0, ""});
+        timeline.add({"backward", "compute", obs::Lane::kCompute, clock.wall(f1), b1 - f1, ""});
+      }
+    }
+    const parallel::StepCommStats& comm = ddp.last_step();
+    if (tracing) record_comm(timeline, clock, comm);
+
+    const double o0 = obs::now_us();
+    const double grad_norm = optim::clip_grad_norm(model->parameters(), opt.clip);
+    optimizer.step();
+    optimizer.zero_grad();
+    const double o1 = obs::now_us();
+    times.optimizer_us = o1 - o0;
+    if (tracing)
+      timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, ""});
+
+    // The step's loss over the global batch: the mean of the data-parallel ranks' means.
+    std::vector<at::Tensor> loss_buffer{local_loss};
+    if (opt.dp > 1) dp_group->allreduce(loss_buffer)->wait();
+    const double loss = loss_buffer[0].item<double>() / opt.dp;
+    times.step_us = obs::now_us() - step_start;
+    elapsed_s += times.step_us / 1e6;
+
+    if (leader) {
+      const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
+      metrics->write(obs::JsonObject()
+                         .add("step", step + 1)
+                         .add("loss", loss)
+                         .add("lr", lr)
+                         .add("tokens_per_s", tokens_per_s)
+                         .add("step_ms", times.step_us / 1e3)
+                         .add("forward_ms", times.forward_us / 1e3)
+                         .add("backward_ms", times.backward_us / 1e3)
+                         .add("optimizer_ms", times.optimizer_us / 1e3)
+                         .add("comm_exposed_ms", comm.exposed_us() / 1e3)
+                         .add("comm_busy_ms", comm.comm_busy_us() / 1e3)
+                         .add("buckets", static_cast<int64_t>(comm.buckets.size()))
+                         .add("buckets_overlapped", comm.buckets_overlapped())
+                         .add("grad_norm", grad_norm));
+      if (!opt.quiet)
+        progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1)});
+    }
+  }
+  if (leader && !opt.quiet) progress.finish();
+
+  // Timeline: every rank writes its part; rank 0 merges after a barrier.
+  const std::string part = opt.out + "/trace.rank" + std::to_string(rank) + ".json";
+  timeline.write(part);
+  world.group()->barrier()->wait();
+  if (leader) {
+    std::vector<std::string> parts;
+    for (int r = 0; r < world.size(); ++r)
+      parts.push_back(opt.out + "/trace.rank" + std::to_string(r) + ".json");
+    obs::merge_trace_parts(parts, opt.out + "/trace.json");
+    for (const auto& p : parts) std::filesystem::remove(p);
+    if (!opt.dump_params.empty()) dump_parameters(*model, opt.dump_params);
+    if (!opt.quiet && opt.sample_tokens > 0) {
+      const std::string sample =
+          model->generate("And God said", opt.sample_tokens, 0.8, static_cast<uint64_t>(opt.seed));
+      std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());
+      std::fflush(stdout);
+    }
+    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl and %s/trace.json\n", opt.out.c_str(),
+                 opt.out.c_str());
+  }
+  (void)positional;
+  return 0;
+}
+
+}  // namespace trireme::cli

@@ -1,0 +1,52 @@
+// Backend selection and the NCCL plugin loader; see dist/backend.h.
+#include "trireme/dist/backend.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "trireme/common/error.h"
+
+namespace trireme::dist {
+
+BackendKind parse_backend(const std::string& name) {
+  if (name == "gloo") return BackendKind::kGloo;
+  if (name == "nccl") return BackendKind::kNccl;
+  TRIREME_THROW(InvalidArgument, "unknown backend '", name, "'; use gloo (CPU) or nccl (CUDA)");
+}
+
+const char* backend_name(BackendKind kind) { return kind == BackendKind::kNccl ? "nccl" : "gloo"; }
+
+Group create_group(const Store& store, int rank, int size, const GroupOptions& options) {
+  return options.backend == BackendKind::kNccl ? create_nccl_group(store, rank, size, options)
+                                               : create_gloo_group(store, rank, size, options);
+}
+
+Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options) {
+  // Loaded once per process; the plugin stays loaded for the life of the process.
+  static std::once_flag once;
+  static NcclFactory factory = nullptr;
+  static std::string load_error;
+  std::call_once(once, [] {
+    // Look next to libtrireme first, then on the loader's path.
+    std::string path = "libtrireme_nccl.so";
+    Dl_info self{};
+    if (::dladdr(reinterpret_cast<void*>(&create_nccl_group), &self) && self.dli_fname) {
+      const std::string dir = self.dli_fname;
+      path = dir.substr(0, dir.rfind('/') + 1) + path;
+    }
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) handle = ::dlopen("libtrireme_nccl.so", RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+      load_error = ::dlerror();
+      return;
+    }
+    factory = reinterpret_cast<NcclFactory>(::dlsym(handle, "trireme_create_nccl_group"));
+    if (!factory) load_error = "libtrireme_nccl.so lacks trireme_create_nccl_group";
+  });
+  TRIREME_CHECK(factory, "the NCCL backend is not available (", load_error,
+                "); build Trireme where CUDA and a CUDA libtorch are present, or use gloo");
+  return factory(store, rank, size, options);
+}
+
+}  // namespace trireme::dist

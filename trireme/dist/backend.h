@@ -1,0 +1,47 @@
+// The seam between Trireme and a c10d communication backend.
+//
+// A Group is a c10d Backend (a process group for one transport): Gloo for CPU tensors,
+// NCCL for CUDA tensors. Everything above dist/ talks to Groups only, so the same code
+// path runs over either. Each backend lives in a subfolder with the same file name:
+//   dist/gloo/backend.cpp   compiled into libtrireme (Gloo is inside libtorch_cpu)
+//   dist/nccl/backend.cpp   the optional plugin libtrireme_nccl.so, loaded with dlopen
+//                           the first time a NCCL group is requested, so CPU-only
+//                           programs never load CUDA libraries
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+namespace trireme::dist {
+
+using Group = c10::intrusive_ptr<c10d::Backend>;
+using Store = c10::intrusive_ptr<c10d::Store>;
+
+enum class BackendKind { kGloo, kNccl };
+
+// "gloo" / "nccl" -> kind; throws InvalidArgument naming the accepted values.
+BackendKind parse_backend(const std::string& name);
+const char* backend_name(BackendKind kind);
+
+struct GroupOptions {
+  BackendKind backend = BackendKind::kGloo;
+  // Every collective and point-to-point operation fails with CommError after this long
+  // instead of hanging: 5 minutes leaves room for slow first steps on small machines.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Creates a group of `size` ranks in which this process is `rank`; all members call it
+// with stores that share a prefix unique to the group.
+Group create_group(const Store& store, int rank, int size, const GroupOptions& options);
+
+// Per-backend factories (dist/<backend>/backend.cpp).
+Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options);
+Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
+
+// Signature of the factory the NCCL plugin exports as "trireme_create_nccl_group".
+using NcclFactory = Group (*)(const Store&, int, int, const GroupOptions&);
+
+}  // namespace trireme::dist

@@ -1,0 +1,20 @@
+// The NCCL backend plugin (libtrireme_nccl.so): c10d's ProcessGroupNCCL for CUDA tensors.
+// Built only where the CUDA toolkit and libtorch_cuda exist; libtrireme loads it with
+// dlopen on first use (dist/backend.cpp), so CPU-only runs never touch CUDA libraries.
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include "trireme/common/error.h"
+#include "trireme/dist/backend.h"
+
+extern "C" __attribute__((visibility("default"))) trireme::dist::Group trireme_create_nccl_group(
+    const trireme::dist::Store& store, int rank, int size,
+    const trireme::dist::GroupOptions& options) {
+  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+  nccl_options->timeout = options.timeout;
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(trireme::CommError, "cannot create NCCL group (rank ", rank, " of ", size,
+                  "): ", e.what());
+  }
+}

@@ -1,0 +1,70 @@
+// World: this process's place in the job and the process groups it talks through.
+//
+// A World is built once per worker from the launcher's environment (dist/world_env.h). It
+// connects to the job's c10d TCPStore (hosted by the `trireme run` agent, or by rank 0 when
+// launched by Slurm/mpirun), and creates groups on demand: the whole world, any subset of
+// ranks, or one group per mesh axis. Groups are returned and passed explicitly; nothing
+// here is global.
+//
+// Store keys of a World live under "trireme/gen<G>/", G the restart generation, so a
+// restarted job never sees the previous generation's rendezvous keys.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trireme/dist/backend.h"
+#include "trireme/dist/mesh.h"
+#include "trireme/dist/world_env.h"
+
+namespace trireme::dist {
+
+struct WorldOptions {
+  GroupOptions group;
+  // How long to wait for the store and for all ranks to arrive.
+  std::chrono::milliseconds connect_timeout{std::chrono::minutes(2)};
+};
+
+// The groups of one rank in a mesh: for each axis, the group along that axis holding this
+// rank, plus this rank's coordinates.
+struct MeshGroups {
+  Mesh mesh;
+  int rank = 0;
+  std::map<std::string, Group> by_axis;
+
+  const Group& axis(const std::string& name) const;
+  int coord(const std::string& name) const { return mesh.coord(rank, name); }
+  int size(const std::string& name) const { return mesh.size(name); }
+};
+
+class World {
+ public:
+  // Reads the environment and connects. Throws InvalidArgument for a bad environment and
+  // CommError when the store or the peers cannot be reached.
+  static World from_env(const WorldOptions& options = {});
+  static World connect(const WorldInfo& info, const WorldOptions& options = {});
+
+  const WorldInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int size() const { return info_.world_size; }
+  const Store& store() const { return store_; }
+
+  // The group of all ranks (created on first use).
+  const Group& group();
+  // A group of `ranks` (this rank must be one of them); members call it with the same
+  // ranks and tag. The tag keeps groups of equal members apart.
+  Group new_group(const std::vector<int>& ranks, const std::string& tag);
+  // One group per axis of `mesh` (which must cover the world).
+  MeshGroups mesh_groups(const Mesh& mesh);
+
+ private:
+  World(WorldInfo info, WorldOptions options, Store store);
+
+  WorldInfo info_;
+  WorldOptions options_;
+  Store store_;  // prefixed by the generation
+  Group world_group_;
+};
+
+}  // namespace trireme::dist

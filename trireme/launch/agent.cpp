@@ -1,0 +1,459 @@
+// The node agent's protocol and supervision loop: see agent.h for the steps.
+//
+// One thread does everything: a poll() over the signal self-pipe and every worker's
+// stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
+// store's failure key. Workers are reaped with waitpid(WNOHANG) after every wake-up
+// (SIGCHLD wakes the poll), and a reaped worker's pipes are drained before they close,
+// so no output it wrote is lost.
+#include "trireme/launch/agent.h"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trireme/common/error.h"
+#include "trireme/launch/exit_status.h"
+#include "trireme/launch/output.h"
+#include "trireme/launch/process.h"
+#include "trireme/launch/worker_env.h"
+
+extern char** environ;
+
+namespace trireme::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How often an agent looks for another agent's failure: bounds how late a node notices.
+constexpr milliseconds kFailurePollInterval{200};
+// Store waits (join, exit barrier) are cut into slices this long so signals are noticed.
+constexpr milliseconds kWaitSlice{200};
+// After SIGKILL, how long to wait for the kernel to reap a worker before giving up on it.
+constexpr milliseconds kKillReapLimit{10000};
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+int poll_timeout_ms(Clock::duration d) {
+  if (d <= Clock::duration::zero()) return 0;
+  const auto ms = std::chrono::ceil<milliseconds>(d).count();
+  return static_cast<int>(std::min<long long>(ms, 60000));
+}
+
+void write_all(int fd, const std::string& text) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 1000);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return;  // the reader went away: drop the output, keep supervising
+    }
+  }
+}
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+std::string new_run_id() {
+  std::random_device device;
+  std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device() ^
+                      static_cast<uint64_t>(::getpid()));
+  static const char* kHex = "0123456789abcdef";
+  std::string id;
+  for (uint64_t v = rng(), i = 0; i < 12; ++i, v >>= 4) id += kHex[v & 15];
+  return id;
+}
+
+enum class Ending { kAllExited, kWorkerFailed, kRemoteFailure, kSignal, kStoreLost };
+
+struct Event {
+  Ending ending;
+  std::string what;  // the failure, for every ending but kAllExited
+  int signal = 0;
+};
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  int fds[2] = {-1, -1};  // stdout, stderr read ends
+  std::optional<LinePrefixer> lines[2];
+  bool running = false;
+};
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& options, AgentChannel& channel, const StoreAddress& store,
+        const AgentIo& io)
+      : options_(options), channel_(channel), store_(store), io_(io) {}
+  ~Agent();
+
+  LaunchResult run();
+
+ private:
+  bool is_host() const { return options_.node_rank == 0; }
+  std::string node() const { return "node " + std::to_string(options_.node_rank); }
+  std::string rdzv() const { return store_.host + ":" + std::to_string(store_.port); }
+  std::string worker_name(const Worker& w) const;
+
+  std::optional<LaunchResult> join();
+  std::optional<Event> spawn_workers();
+  Event supervise();
+  LaunchResult finish(const Event& event);
+  LaunchResult finish_success();
+
+  void stop_workers();
+  void publish_failure(const std::string& what);
+  void mark_done();
+  // Waits for key until deadline while noticing signals and, with watch_failure, a
+  // failure published meanwhile (kept in published_failure_).
+  enum class WaitEnd { kSet, kTimeout, kSignal, kFailure };
+  WaitEnd wait_key(const char* key, Clock::time_point deadline, bool watch_failure);
+
+  void pump(Clock::duration timeout);
+  void take_signals();
+  void forward(Worker& w, int stream);
+  void close_stream(Worker& w, int stream);
+  void reap();
+  bool any_running() const;
+
+  const LaunchOptions& options_;
+  AgentChannel& channel_;
+  StoreAddress store_;
+  AgentIo io_;
+  SignalPipe signals_;
+  std::vector<Worker> workers_;
+  std::string run_id_ = "none";
+  int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
+  int signal_count_ = 0;     // all SIGINT/SIGTERM received
+  std::string first_failure_;  // the first worker that failed on its own
+  bool stopping_ = false;      // workers dying now are ones we are stopping
+  std::string published_failure_;  // what kFailure held when we last looked
+};
+
+Agent::~Agent() {
+  for (auto& w : workers_) {
+    if (w.running) {
+      signal_process_group(w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+    close_stream(w, 0);
+    close_stream(w, 1);
+  }
+}
+
+std::string Agent::worker_name(const Worker& w) const {
+  return "rank " + std::to_string(w.rank) + " (" + node() + ", local " +
+         std::to_string(w.local_rank) + ")";
+}
+
+LaunchResult Agent::run() {
+  if (auto refused = join()) return *refused;
+  if (auto failed = spawn_workers()) return finish(*failed);
+  return finish(supervise());
+}
+
+// ---- step 1: join ------------------------------------------------------------------------
+
+std::optional<LaunchResult> Agent::join() {
+  if (is_host()) {
+    run_id_ = new_run_id();
+    channel_.set(keys::kRunId, run_id_);
+  }
+  const std::string node_key = "trireme/agents/node" + std::to_string(options_.node_rank);
+  if (channel_.add(node_key, 1) > 1)
+    return LaunchResult{1, "another agent already joined the rendezvous at " + rdzv() +
+                               " as --node-rank " + std::to_string(options_.node_rank) +
+                               "; give every node its own --node-rank"};
+  const int64_t joined = channel_.add(keys::kJoined, 1);
+  if (joined == options_.nnodes) channel_.set(keys::kReady, "1");
+  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  switch (wait_key(keys::kReady, deadline, /*watch_failure=*/true)) {
+    case WaitEnd::kSet:
+      break;
+    case WaitEnd::kSignal:
+      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) +
+                                                   " while waiting for the other agents to join"};
+    case WaitEnd::kFailure:
+      return LaunchResult{1, published_failure_ + "; " + node() + " did not start its workers"};
+    case WaitEnd::kTimeout:
+      return LaunchResult{
+          1, "timed out after " + std::to_string(options_.join_timeout_s) +
+                 " s waiting for the other agents: " +
+                 std::to_string(channel_.add(keys::kJoined, 0)) + " of " +
+                 std::to_string(options_.nnodes) + " joined the rendezvous at " + rdzv() +
+                 "; start 'trireme run --nnodes " + std::to_string(options_.nnodes) +
+                 " --node-rank R --rdzv " + rdzv() +
+                 " ...' on the missing nodes, or raise --join-timeout"};
+  }
+  if (!is_host()) run_id_ = channel_.try_get(keys::kRunId).value_or("none");
+  return std::nullopt;
+}
+
+// ---- step 2: spawn -----------------------------------------------------------------------
+
+std::optional<Event> Agent::spawn_workers() {
+  const char* path = std::getenv("PATH");
+  const std::string program = options_.command.front();
+  const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
+  const JobInfo job{store_.host, store_.port, run_id_, 0, ::isatty(io_.stderr_fd) == 1};
+  const std::vector<std::string> base = current_environment();
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = options_.node_rank * options_.nproc_per_node + local;
+    try {
+      TRIREME_CHECK(!executable.empty(), "cannot execute '", program,
+                    "': no such executable file (or not on PATH)");
+      const SpawnedProcess p =
+          spawn_process(executable, options_.command,
+                        worker_environment(base, options_, local, job));
+      w.pid = p.pid;
+      w.fds[0] = p.stdout_fd;
+      w.fds[1] = p.stderr_fd;
+    } catch (const Error& e) {
+      return Event{Ending::kWorkerFailed, worker_name(w) + ": " + e.what()};
+    }
+    w.lines[0].emplace(rank_prefix(w.rank));
+    w.lines[1].emplace(rank_prefix(w.rank));
+    w.running = true;
+    workers_.push_back(std::move(w));
+  }
+  return std::nullopt;
+}
+
+// ---- step 3: supervise -------------------------------------------------------------------
+
+Event Agent::supervise() {
+  auto next_check = Clock::now();
+  while (true) {
+    pump(next_check - Clock::now());
+    if (first_signal_) return {Ending::kSignal, "", first_signal_};
+    if (!first_failure_.empty()) return {Ending::kWorkerFailed, first_failure_};
+    if (!any_running()) return {Ending::kAllExited, ""};
+    if (Clock::now() < next_check) continue;
+    next_check = Clock::now() + kFailurePollInterval;
+    try {
+      if (auto failure = channel_.try_get(keys::kFailure))
+        return {Ending::kRemoteFailure, *failure};
+    } catch (const Error& e) {
+      return {Ending::kStoreLost, e.what()};
+    }
+  }
+}
+
+void Agent::pump(Clock::duration timeout) {
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<std::pair<Worker*, int>> owners;
+  for (auto& w : workers_) {
+    for (int s = 0; s < 2; ++s) {
+      if (w.fds[s] < 0) continue;
+      fds.push_back({w.fds[s], POLLIN, 0});
+      owners.emplace_back(&w, s);
+    }
+  }
+  const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms(timeout));
+  if (ready > 0) {
+    if (fds[0].revents) take_signals();
+    for (std::size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) forward(*owners[i - 1].first, owners[i - 1].second);
+  }
+  reap();
+}
+
+void Agent::take_signals() {
+  for (const int sig : signals_.drain()) {
+    if (sig == SIGCHLD) continue;  // reap() runs after every wake-up
+    ++signal_count_;
+    if (!first_signal_) first_signal_ = sig;
+  }
+}
+
+void Agent::forward(Worker& w, int stream) {
+  const int out = stream == 0 ? io_.stdout_fd : io_.stderr_fd;
+  char buffer[65536];
+  while (w.fds[stream] >= 0) {
+    const ssize_t n = ::read(w.fds[stream], buffer, sizeof(buffer));
+    if (n > 0) {
+      write_all(out, w.lines[stream]->feed(std::string_view(buffer, n)));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      return;
+    } else {
+      close_stream(w, stream);
+    }
+  }
+}
+
+void Agent::close_stream(Worker& w, int stream) {
+  if (w.fds[stream] < 0) return;
+  write_all(stream == 0 ? io_.stdout_fd : io_.stderr_fd, w.lines[stream]->finish());
+  ::close(w.fds[stream]);
+  w.fds[stream] = -1;
+}
+
+void Agent::reap() {
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    int status = 0;
+    if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.running = false;
+    for (int s = 0; s < 2; ++s) {
+      forward(w, s);  // what it wrote before exiting is still in the pipe
+      close_stream(w, s);
+    }
+    if (!stopping_ && !exited_cleanly(status) && first_failure_.empty())
+      first_failure_ = worker_name(w) + " " + describe_wait_status(status);
+  }
+}
+
+bool Agent::any_running() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+}
+
+// SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
+// or at once when a second SIGINT/SIGTERM arrives.
+void Agent::stop_workers() {
+  stopping_ = true;
+  for (auto& w : workers_)
+    if (w.running) signal_process_group(w.pid, SIGTERM);
+  const int signals_before = signal_count_;
+  const auto grace_end = Clock::now() + seconds(options_.stop_grace_s);
+  while (any_running() && Clock::now() < grace_end && signal_count_ == signals_before)
+    pump(grace_end - Clock::now());
+  for (auto& w : workers_)
+    if (w.running) signal_process_group(w.pid, SIGKILL);
+  const auto kill_end = Clock::now() + kKillReapLimit;
+  while (any_running() && Clock::now() < kill_end) pump(kill_end - Clock::now());
+}
+
+// ---- step 4: finish ----------------------------------------------------------------------
+
+void Agent::publish_failure(const std::string& what) {
+  try {
+    channel_.set(keys::kFailure, what);
+  } catch (const Error&) {
+    // The store is gone: the other agents notice that by themselves.
+  }
+}
+
+void Agent::mark_done() {
+  try {
+    if (channel_.add(keys::kDone, 1) >= options_.nnodes) channel_.set(keys::kAllDone, "1");
+  } catch (const Error&) {
+    // The store is gone: nobody waits for us any more.
+  }
+}
+
+Agent::WaitEnd Agent::wait_key(const char* key, Clock::time_point deadline,
+                               bool watch_failure) {
+  while (true) {
+    const auto left = deadline - Clock::now();
+    const auto slice = std::min<Clock::duration>(kWaitSlice, std::max(left, Clock::duration{}));
+    if (channel_.wait_for(key, std::chrono::duration_cast<milliseconds>(slice)))
+      return WaitEnd::kSet;
+    pump(Clock::duration::zero());
+    if (first_signal_) return WaitEnd::kSignal;
+    if (watch_failure) {
+      if (auto failure = channel_.try_get(keys::kFailure)) {
+        published_failure_ = *failure;
+        return WaitEnd::kFailure;
+      }
+    }
+    if (Clock::now() >= deadline) return WaitEnd::kTimeout;
+  }
+}
+
+LaunchResult Agent::finish(const Event& event) {
+  if (event.ending == Ending::kAllExited) return finish_success();
+  LaunchResult result{1, ""};
+  switch (event.ending) {
+    case Ending::kWorkerFailed:
+      publish_failure(event.what);
+      result.failure = event.what + "; stopped the other workers";
+      break;
+    case Ending::kRemoteFailure:
+      result.failure = event.what + "; stopped the workers of " + node();
+      break;
+    case Ending::kSignal:
+      publish_failure(node() + "'s agent received " + signal_name(event.signal));
+      result = {128 + event.signal,
+                "received " + signal_name(event.signal) + "; stopped the workers of " + node()};
+      break;
+    case Ending::kStoreLost:
+      result.failure = "lost the rendezvous store at " + rdzv() + " (" + event.what +
+                       "); stopped the workers of " + node();
+      break;
+    case Ending::kAllExited:
+      break;
+  }
+  stop_workers();
+  if (event.ending == Ending::kStoreLost) return result;
+  mark_done();
+  // Keep the store up while the other agents read the failure and stop their workers.
+  if (is_host()) {
+    try {
+      wait_key(keys::kAllDone, Clock::now() + seconds(2 * options_.stop_grace_s + 10), false);
+    } catch (const Error&) {
+      // Our own store failed: there is nobody left to wait for.
+    }
+  }
+  return result;
+}
+
+LaunchResult Agent::finish_success() {
+  mark_done();
+  if (!is_host()) return {0, ""};
+  const auto deadline = Clock::now() + seconds(options_.exit_barrier_timeout_s);
+  switch (wait_key(keys::kAllDone, deadline, /*watch_failure=*/true)) {
+    case WaitEnd::kSet:
+      return {0, ""};
+    case WaitEnd::kSignal:
+      return {128 + first_signal_, "received " + signal_name(first_signal_) +
+                                       " while waiting for the other agents to finish"};
+    case WaitEnd::kFailure:
+      return {1, published_failure_ + " (the workers of " + node() + " had finished)"};
+    case WaitEnd::kTimeout:
+      break;
+  }
+  int64_t done = 0;
+  try {
+    done = channel_.add(keys::kDone, 0);
+  } catch (const Error&) {
+  }
+  return {1, "timed out after " + std::to_string(static_cast<int>(options_.exit_barrier_timeout_s)) +
+                 " s waiting for the other agents to finish (" + std::to_string(done) + " of " +
+                 std::to_string(options_.nnodes) + " done); closing the rendezvous store"};
+}
+
+}  // namespace
+
+LaunchResult run_agent(const LaunchOptions& options, AgentChannel& channel,
+                       const StoreAddress& store, const AgentIo& io) {
+  Agent agent(options, channel, store, io);
+  return agent.run();
+}
+
+}  // namespace trireme::launch

@@ -1,0 +1,34 @@
+// The node agent: the supervision logic of `trireme run`, written against AgentChannel
+// so tests can drive it with an in-memory channel. Protocol (keys in agent_channel.h):
+//   1. join: node 0 sets the run id; every agent adds itself to `joined`; the last one
+//      sets `ready`; everyone waits for `ready` (bounded by --join-timeout)
+//   2. spawn the local workers with the torchrun environment
+//   3. supervise: forward output; reap workers; every 200 ms look at `failure`. A worker
+//      that fails, a signal, or another agent's failure stops all local workers (SIGTERM,
+//      SIGKILL after the grace period); the first two also publish `failure`
+//   4. finish: add to `done`; node 0 keeps the store up until `all_done` (bounded)
+#pragma once
+
+#include "trireme/launch/agent_channel.h"
+#include "trireme/launch/launcher.h"
+
+namespace trireme::launch {
+
+// Where forwarded worker output goes (tests pass pipes).
+struct AgentIo {
+  int stdout_fd = 1;
+  int stderr_fd = 2;
+};
+
+// Where the store is, as workers should see it (MASTER_ADDR / MASTER_PORT).
+struct StoreAddress {
+  std::string host;
+  int port = 0;
+};
+
+// Runs steps 1–4 for this node. options must be valid (validate_launch_options).
+// Installs a SignalPipe for its duration.
+LaunchResult run_agent(const LaunchOptions& options, AgentChannel& channel,
+                       const StoreAddress& store, const AgentIo& io = {});
+
+}  // namespace trireme::launch

@@ -1,0 +1,46 @@
+// AgentChannel: the little a node agent needs from the rendezvous store, as a pure
+// interface, so the agent's protocol and supervision can be tested with an in-memory fake.
+// The real one is TcpStoreChannel (tcp_store_channel.h), a client of node 0's c10d TCPStore.
+//
+// Keys the agents use (all under "trireme/"; workers share the store and use other keys):
+//   trireme/run_id          set by node 0 before joining; becomes TORCHELASTIC_RUN_ID
+//   trireme/agents/joined   counter; each agent adds 1 when it arrives
+//   trireme/agents/ready    set by the agent whose add made `joined` reach nnodes
+//   trireme/failure         one line naming the first failed rank (or stopped agent);
+//                           every agent polls it and stops its workers when set
+//   trireme/agents/done     counter; each agent adds 1 when its workers are gone
+//   trireme/agents/all_done set by the agent whose add made `done` reach nnodes; node 0
+//                           waits for it before closing the store
+//
+// Every method may throw CommError when the store is unreachable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace trireme::launch {
+
+namespace keys {
+inline constexpr const char* kRunId = "trireme/run_id";
+inline constexpr const char* kJoined = "trireme/agents/joined";
+inline constexpr const char* kReady = "trireme/agents/ready";
+inline constexpr const char* kFailure = "trireme/failure";
+inline constexpr const char* kDone = "trireme/agents/done";
+inline constexpr const char* kAllDone = "trireme/agents/all_done";
+}  // namespace keys
+
+class AgentChannel {
+ public:
+  virtual ~AgentChannel() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // The value of key, or nullopt when it is not set. Does not block.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  // Adds delta to the counter at key (created at 0) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Blocks until key is set or timeout passes; true when it is set.
+  virtual bool wait_for(const std::string& key, std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace trireme::launch

@@ -1,0 +1,29 @@
+// launch(): validates the options, opens the rendezvous store (node 0 hosts it, the other
+// nodes connect to it) and runs this node's agent on it.
+#include <cstdlib>
+
+#include "trireme/common/error.h"
+#include "trireme/launch/agent.h"
+#include "trireme/launch/launcher.h"
+#include "trireme/launch/process.h"
+#include "trireme/launch/tcp_store_channel.h"
+
+namespace trireme::launch {
+
+LaunchResult launch(const LaunchOptions& options) {
+  validate_launch_options(options);
+  const std::string& program = options.command.front();
+  const char* path = std::getenv("PATH");
+  TRIREME_CHECK(!find_executable(program, path ? path : "/usr/bin:/bin").empty(),
+                "cannot execute '", program,
+                "': no such executable file (give a path, or put it on PATH)");
+  const std::chrono::milliseconds timeout(1000LL * options.join_timeout_s);
+  std::unique_ptr<TcpStoreChannel> channel =
+      options.node_rank == 0 ? TcpStoreChannel::host(options.rdzv_port, timeout)
+                             : TcpStoreChannel::connect(options.rdzv_host, options.rdzv_port,
+                                                        timeout);
+  const StoreAddress store{options.rdzv_host, channel->port()};
+  return run_agent(options, *channel, store);
+}
+
+}  // namespace trireme::launch

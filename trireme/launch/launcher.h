@@ -1,0 +1,56 @@
+// The launcher: one agent per machine that starts the machine's workers with the
+// environment torchrun would give them, forwards their output prefixed by rank, and stops
+// the whole job when a worker fails or the agent is told to stop.
+//
+// Terms:
+//   agent   one `trireme run` process per node (machine); it owns the node's workers
+//   node    agents are numbered 0..nnodes-1 (--node-rank); node 0 hosts the rendezvous
+//           store (a c10d TCPStore) that the other agents and all workers connect to
+//   worker  one process of the user's program; global RANK = node_rank*nproc + local rank
+//
+// This header includes no libtorch header; the TCPStore lives in tcp_store_channel.cpp.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trireme::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;                 // workers started by this agent
+  int nnodes = 1;                         // agents in the job
+  int node_rank = 0;                      // this agent's index; 0 hosts the store
+  std::string rdzv_host = "127.0.0.1";    // where node 0's store listens (MASTER_ADDR)
+  int rdzv_port = 0;                      // 0: an ephemeral port (single node only)
+  int max_restarts = 0;                   // accepted and stored; restarts are not yet done
+  int join_timeout_s = 120;               // how long agents wait for each other to join
+  double stop_grace_s = 5;                // SIGTERM → SIGKILL delay when stopping workers
+  // How long node 0 keeps the store up after its own workers finished, waiting for the
+  // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
+  double exit_barrier_timeout_s = 300;
+  std::vector<std::string> command;       // program and its arguments
+  // Added to (and overriding) every worker's environment, after the torchrun variables.
+  std::vector<std::pair<std::string, std::string>> extra_env;
+};
+
+// exit_code is what the launcher process should exit with: 0 when every worker of the
+// job exited 0, 128+signal when the agent was stopped by a signal, non-zero otherwise.
+// failure is one line (no trailing newline, no "trireme run:" prefix) saying what went
+// wrong and naming the failed rank; empty on success. The caller prints it.
+struct LaunchResult {
+  int exit_code = 0;
+  std::string failure;
+};
+
+// Throws InvalidArgument (one line naming the flag and the fix) when options are unusable.
+void validate_launch_options(const LaunchOptions& options);
+
+// Runs this node's agent to completion: rendezvous with the other agents, start the
+// workers, forward their output to this process's stdout/stderr, supervise them.
+// Throws InvalidArgument on bad options (including a program that cannot be found and a
+// --rdzv port already in use) and CommError when the store cannot be reached.
+// While it runs it handles SIGINT, SIGTERM and SIGCHLD (previous handlers are restored).
+LaunchResult launch(const LaunchOptions& options);
+
+}  // namespace trireme::launch

@@ -1,0 +1,36 @@
+// Validation of LaunchOptions: every refusal is one line naming the flag and the fix.
+#include "trireme/common/error.h"
+#include "trireme/launch/launcher.h"
+
+namespace trireme::launch {
+
+void validate_launch_options(const LaunchOptions& o) {
+  TRIREME_CHECK(!o.command.empty(),
+                "missing the program to run; usage: trireme run --nproc-per-node N -- "
+                "PROGRAM [ARGS...]");
+  TRIREME_CHECK(!o.command.front().empty(), "the program to run is an empty string");
+  TRIREME_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got ",
+                o.nproc_per_node);
+  TRIREME_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got ", o.nnodes);
+  TRIREME_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank must be in 0..",
+                o.nnodes - 1, " for --nnodes ", o.nnodes, ", got ", o.node_rank);
+  TRIREME_CHECK(o.nnodes == 1 || o.rdzv_port != 0, "--nnodes ", o.nnodes,
+                " needs --rdzv HOST:PORT with a fixed port, the same on every node "
+                "(HOST is node 0's address)");
+  TRIREME_CHECK(o.rdzv_port >= 0 && o.rdzv_port <= 65535, "--rdzv port must be 0..65535, got ",
+                o.rdzv_port);
+  TRIREME_CHECK(!o.rdzv_host.empty(), "--rdzv needs a host before the ':'");
+  TRIREME_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
+  TRIREME_CHECK(o.join_timeout_s > 0, "--join-timeout must be positive (seconds), got ",
+                o.join_timeout_s);
+  TRIREME_CHECK(o.stop_grace_s >= 0, "the stop grace period must be 0 or more seconds, got ",
+                o.stop_grace_s);
+  TRIREME_CHECK(o.exit_barrier_timeout_s >= 0,
+                "the exit barrier timeout must be 0 or more seconds, got ",
+                o.exit_barrier_timeout_s);
+  for (const auto& [key, value] : o.extra_env)
+    TRIREME_CHECK(!key.empty() && key.find('=') == std::string::npos,
+                  "bad environment variable name '", key, "'");
+}
+
+}  // namespace trireme::launch

@@ -1,0 +1,193 @@
+// Worker processes and the signal self-pipe: see process.h.
+#include "trireme/launch/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+
+#include "trireme/common/error.h"
+
+namespace trireme::launch {
+namespace {
+
+// Write end of the live SignalPipe, or -1. The one piece of global mutable state of the
+// launcher: a signal handler has no other way to reach the agent.
+volatile sig_atomic_t g_signal_pipe_write_fd = -1;
+
+void on_signal(int signal) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  if (g_signal_pipe_write_fd >= 0) {
+    [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe_write_fd, &byte, 1);
+  }
+  errno = saved_errno;
+}
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         ::access(path.c_str(), X_OK) == 0;
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+void make_pipe(int fds[2]) {
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    TRIREME_THROW(Error, "cannot create a pipe for a worker: ", std::strerror(errno));
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// In the forked child: only async-signal-safe calls until execve. On failure, reports
+// errno on report_fd (close-on-exec, so the parent reads EOF on success) and exits 127.
+[[noreturn]] void exec_child(pid_t parent, const char* executable, char* const argv[],
+                             char* const envp[], int out_fd, int err_fd, int report_fd) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (const int sig : kHandledSignals) ::sigaction(sig, &dfl, nullptr);
+  ::sigaction(SIGPIPE, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  if (null_fd >= 0) ::dup2(null_fd, 0);
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  ::execve(executable, argv, envp);
+  const int error = errno;
+  [[maybe_unused]] const ssize_t n = ::write(report_fd, &error, sizeof(error));
+  ::_exit(127);
+}
+
+}  // namespace
+
+std::string find_executable(const std::string& program, const std::string& search_path) {
+  if (program.empty()) return "";
+  if (program.find('/') != std::string::npos)
+    return is_executable_file(program) ? program : "";
+  std::size_t start = 0;
+  while (start <= search_path.size()) {
+    const std::size_t end = std::min(search_path.find(':', start), search_path.size());
+    const std::string dir = end > start ? search_path.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (is_executable_file(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+SpawnedProcess spawn_process(const std::string& executable,
+                             const std::vector<std::string>& command,
+                             const std::vector<std::string>& env) {
+  TRIREME_CHECK(!command.empty(), "no program to start");
+  std::vector<char*> argv = c_strings(command);
+  std::vector<char*> envp = c_strings(env);
+  int out[2], err[2], report[2];
+  make_pipe(out);
+  make_pipe(err);
+  make_pipe(report);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0)
+    exec_child(parent, executable.c_str(), argv.data(), envp.data(), out[1], err[1],
+               report[1]);
+  const int fork_errno = errno;
+  close_fd(out[1]);
+  close_fd(err[1]);
+  close_fd(report[1]);
+  if (pid < 0) {
+    close_fd(out[0]);
+    close_fd(err[0]);
+    close_fd(report[0]);
+    TRIREME_THROW(Error, "cannot start '", command[0], "': ", std::strerror(fork_errno));
+  }
+  ::setpgid(pid, pid);  // also here, so signals reach the group even before the child runs
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &exec_errno, sizeof(exec_errno));
+  } while (n < 0 && errno == EINTR);
+  close_fd(report[0]);
+  if (n > 0) {
+    close_fd(out[0]);
+    close_fd(err[0]);
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    TRIREME_THROW(Error, "cannot execute '", command[0], "': ", std::strerror(exec_errno));
+  }
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return {pid, out[0], err[0]};
+}
+
+void signal_process_group(pid_t pid, int signal) {
+  if (pid > 0 && ::kill(-pid, signal) != 0) ::kill(pid, signal);
+}
+
+struct SignalPipe::Saved {
+  struct sigaction handled[sizeof(kHandledSignals) / sizeof(kHandledSignals[0])];
+  struct sigaction pipe;
+};
+
+SignalPipe::SignalPipe() {
+  TRIREME_ENFORCE_EQ(static_cast<int>(g_signal_pipe_write_fd), -1, "one SignalPipe at a time");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+    TRIREME_THROW(Error, "cannot create the signal pipe: ", std::strerror(errno));
+  read_fd_ = fds[0];
+  write_fd_ = fds[1];
+  g_signal_pipe_write_fd = write_fd_;
+  saved_ = new Saved;
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  for (std::size_t i = 0; i < std::size(kHandledSignals); ++i)
+    ::sigaction(kHandledSignals[i], &action, &saved_->handled[i]);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &saved_->pipe);
+}
+
+SignalPipe::~SignalPipe() {
+  for (std::size_t i = 0; i < std::size(kHandledSignals); ++i)
+    ::sigaction(kHandledSignals[i], &saved_->handled[i], nullptr);
+  ::sigaction(SIGPIPE, &saved_->pipe, nullptr);
+  delete saved_;
+  g_signal_pipe_write_fd = -1;
+  ::close(read_fd_);
+  ::close(write_fd_);
+}
+
+std::vector<int> SignalPipe::drain() {
+  std::vector<int> signals;
+  unsigned char buffer[64];
+  ssize_t n;
+  while ((n = ::read(read_fd_, buffer, sizeof(buffer))) > 0)
+    signals.insert(signals.end(), buffer, buffer + n);
+  return signals;
+}
+
+}  // namespace trireme::launch

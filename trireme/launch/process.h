@@ -1,0 +1,57 @@
+// Starting and signalling worker processes, and the agent's signal self-pipe.
+//
+// A worker runs in its own process group (so a signal reaches it and anything it
+// started), with stdin from /dev/null, stdout and stderr on pipes read by the agent, and
+// PR_SET_PDEATHSIG=SIGKILL so that a killed agent (kill -9) leaves no orphan behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace trireme::launch {
+
+struct SpawnedProcess {
+  pid_t pid = -1;     // also the id of its process group
+  int stdout_fd = -1; // read ends, non-blocking, close-on-exec; the caller closes them
+  int stderr_fd = -1;
+};
+
+// The path execve() should run for `program`: itself when it contains '/', else the
+// first executable match in the ':'-separated search_path. "" when there is none.
+std::string find_executable(const std::string& program, const std::string& search_path);
+
+// Starts command (command[0] already resolved by find_executable) with exactly env.
+// Throws Error naming the program when it cannot be executed.
+SpawnedProcess spawn_process(const std::string& executable,
+                             const std::vector<std::string>& command,
+                             const std::vector<std::string>& env);
+
+// Sends signal to the process group of a spawned process (ignores ones already gone).
+void signal_process_group(pid_t pid, int signal);
+
+// SignalPipe turns SIGINT, SIGTERM and SIGCHLD into bytes (the signal number) on a pipe
+// that the agent polls together with the worker pipes (the self-pipe trick), and ignores
+// SIGPIPE. The write end lives in the only mutable global of the launcher, because a
+// signal handler can reach nothing else; at most one SignalPipe exists at a time. The
+// previous handlers come back when it is destroyed.
+class SignalPipe {
+ public:
+  SignalPipe();
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  int fd() const { return read_fd_; }
+  // The signals received since the last call, in order (empties the pipe).
+  std::vector<int> drain();
+
+ private:
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  struct Saved;
+  Saved* saved_ = nullptr;
+};
+
+}  // namespace trireme::launch

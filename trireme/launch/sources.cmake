@@ -1,0 +1,12 @@
+# launch/: the node agent behind `trireme run`. Everything is pure except the TCPStore
+# channel and launch(), which opens it.
+target_sources(trireme_core PRIVATE
+  trireme/launch/agent.cpp
+  trireme/launch/exit_status.cpp
+  trireme/launch/options.cpp
+  trireme/launch/output.cpp
+  trireme/launch/process.cpp
+  trireme/launch/worker_env.cpp)
+target_sources(trireme PRIVATE
+  trireme/launch/launch.cpp
+  trireme/launch/tcp_store_channel.cpp)

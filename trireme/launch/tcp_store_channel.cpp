@@ -1,0 +1,120 @@
+// TcpStoreChannel over c10d::TCPStore: see tcp_store_channel.h. The only launch file that
+// includes libtorch. c10 errors are translated: a port in use becomes InvalidArgument,
+// anything else the store reports becomes CommError.
+#include "trireme/launch/tcp_store_channel.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <c10/util/Exception.h>
+
+#include "trireme/common/error.h"
+
+namespace trireme::launch {
+namespace {
+
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
+bool mentions_address_in_use(const std::string& text) {
+  return text.find("EADDRINUSE") != std::string::npos ||
+         text.find("ddress already in use") != std::string::npos;
+}
+
+// Runs a store call, turning c10's errors into CommError.
+template <typename Fn>
+auto guarded(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ",
+                  one_line(e.what_without_backtrace()));
+  } catch (const std::system_error& e) {
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", one_line(e.what()));
+  }
+}
+
+}  // namespace
+
+struct TcpStoreChannel::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+TcpStoreChannel::TcpStoreChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreChannel::~TcpStoreChannel() = default;
+
+std::unique_ptr<TcpStoreChannel> TcpStoreChannel::host(int port,
+                                                       std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.numWorkers = std::nullopt;
+  opts.timeout = timeout;
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  } catch (const std::exception& e) {
+    const std::string text = one_line(e.what());
+    TRIREME_CHECK(!mentions_address_in_use(text), "--rdzv port ", port,
+                  " is already in use on this machine; pick a free port or omit --rdzv");
+    TRIREME_THROW(CommError, "cannot start the rendezvous store on port ", port, ": ", text);
+  }
+  return std::unique_ptr<TcpStoreChannel>(new TcpStoreChannel(std::move(impl)));
+}
+
+std::unique_ptr<TcpStoreChannel> TcpStoreChannel::connect(const std::string& host, int port,
+                                                          std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, "could not reach the rendezvous store at ", host, ":", port,
+                  " within ", timeout.count() / 1000,
+                  " s; start node 0's 'trireme run' with the same --rdzv first, or raise "
+                  "--join-timeout (",
+                  one_line(e.what()), ")");
+  }
+  return std::unique_ptr<TcpStoreChannel>(new TcpStoreChannel(std::move(impl)));
+}
+
+int TcpStoreChannel::port() const { return impl_->store->getPort(); }
+
+void TcpStoreChannel::set(const std::string& key, const std::string& value) {
+  guarded("set", [&] {
+    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  });
+}
+
+std::optional<std::string> TcpStoreChannel::try_get(const std::string& key) {
+  return guarded("get", [&]() -> std::optional<std::string> {
+    if (!impl_->store->check({key})) return std::nullopt;
+    const std::vector<uint8_t> value = impl_->store->get(key);
+    return std::string(value.begin(), value.end());
+  });
+}
+
+int64_t TcpStoreChannel::add(const std::string& key, int64_t delta) {
+  return guarded("add", [&] { return impl_->store->add(key, delta); });
+}
+
+bool TcpStoreChannel::wait_for(const std::string& key, std::chrono::milliseconds timeout) {
+  return guarded("wait", [&] {
+    try {
+      impl_->store->wait({key}, timeout);
+      return true;
+    } catch (const c10::DistStoreError& e) {
+      if (std::string(e.what()).find("imeout") == std::string::npos) throw;
+      return false;
+    }
+  });
+}
+
+}  // namespace trireme::launch

@@ -1,0 +1,67 @@
+// Worker environment: see worker_env.h.
+#include "trireme/launch/worker_env.h"
+
+namespace trireme::launch {
+namespace {
+
+std::string key_of(const std::string& entry) { return entry.substr(0, entry.find('=')); }
+
+bool has_key(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& entry : env)
+    if (key_of(entry) == key) return true;
+  return false;
+}
+
+}  // namespace
+
+EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const JobInfo& job) {
+  const int world_size = options.nnodes * options.nproc_per_node;
+  const int rank = options.node_rank * options.nproc_per_node + local_rank;
+  EnvVars vars = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(options.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(world_size)},
+      {"MASTER_ADDR", job.master_addr},
+      {"MASTER_PORT", std::to_string(job.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", job.run_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+  };
+  if (job.tty) vars.emplace_back("TRIREME_TTY", "1");
+  return vars;
+}
+
+std::vector<std::string> merge_environment(const std::vector<std::string>& base,
+                                           const EnvVars& vars) {
+  std::vector<std::string> env = base;
+  for (const auto& [key, value] : vars) {
+    const std::string entry = key + "=" + value;
+    bool replaced = false;
+    for (auto& existing : env) {
+      if (key_of(existing) == key) {
+        existing = entry;
+        replaced = true;
+      }
+    }
+    if (!replaced) env.push_back(entry);
+  }
+  return env;
+}
+
+std::vector<std::string> worker_environment(const std::vector<std::string>& base,
+                                            const LaunchOptions& options, int local_rank,
+                                            const JobInfo& job) {
+  EnvVars vars = torchrun_variables(options, local_rank, job);
+  if (!has_key(base, "OMP_NUM_THREADS")) vars.emplace_back("OMP_NUM_THREADS", "1");
+  vars.insert(vars.end(), options.extra_env.begin(), options.extra_env.end());
+  return merge_environment(base, vars);
+}
+
+}  // namespace trireme::launch

@@ -1,0 +1,194 @@
+// The reference GPT; see gpt.h for the layout and the shape legend.
+#include "trireme/models/gpt.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <vector>
+
+#include "trireme/common/error.h"
+
+namespace trireme::models {
+namespace {
+
+// Standard deviation of the normal initialisation (GPT-2).
+constexpr double kInitStd = 0.02;
+
+const GptConfig& validated(const GptConfig& config) {
+  config.validate();
+  return config;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The last dotted component before the parameter name, e.g. "ln_1" in "h.0.ln_1.weight".
+std::string owner_of(const std::string& name) {
+  const size_t last = name.rfind('.');
+  if (last == std::string::npos) return "";
+  const size_t prev = name.rfind('.', last - 1);
+  return name.substr(prev == std::string::npos ? 0 : prev + 1,
+                     last - (prev == std::string::npos ? 0 : prev + 1));
+}
+
+// Puts a module in eval mode for a scope and restores its training flag, even on a throw.
+class EvalScope {
+ public:
+  explicit EvalScope(torch::nn::Module& module)
+      : module_(module), was_training_(module.is_training()) {
+    module_.eval();
+  }
+  ~EvalScope() { module_.train(was_training_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  torch::nn::Module& module_;
+  bool was_training_;
+};
+
+at::Tensor maybe_dropout(const at::Tensor& x, double p, bool training) {
+  return p > 0.0 ? at::dropout(x, p, training) : x;
+}
+
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
+    : heads_(config.heads), dropout_(config.dropout) {
+  qkv = register_module("qkv", torch::nn::Linear(config.dim, 3 * config.dim));
+  proj = register_module("proj", torch::nn::Linear(config.dim, config.dim));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t D = C / heads_;
+  std::vector<at::Tensor> parts = qkv->forward(x).split(C, /*dim=*/2);  // 3 x (B,T,C)
+  at::Tensor q = parts[0].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
+  at::Tensor k = parts[1].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
+  at::Tensor v = parts[2].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
+  at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? dropout_ : 0.0,
+                                                  /*is_causal=*/true);  // (B,H,T,D)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});                   // (B,T,C)
+  return maybe_dropout(proj->forward(y), dropout_, is_training());
+}
+
+MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
+  const int64_t hidden = config.mlp_ratio * config.dim;
+  fc = register_module("fc", torch::nn::Linear(config.dim, hidden));
+  proj = register_module("proj", torch::nn::Linear(hidden, config.dim));
+}
+
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  at::Tensor hidden = at::gelu(fc->forward(x), "tanh");  // (B,T,R*C)
+  return maybe_dropout(proj->forward(hidden), dropout_, is_training());  // (B,T,C)
+}
+
+BlockImpl::BlockImpl(const GptConfig& config) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+  mlp = register_module("mlp", Mlp(config));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  at::Tensor y = x + attn->forward(ln_1->forward(x));  // (B,T,C)
+  return y + mlp->forward(ln_2->forward(y));           // (B,T,C)
+}
+
+GptImpl::GptImpl(const GptConfig& config, uint64_t seed) : config_(validated(config)) {
+  const int64_t C = config_.dim;
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab, C));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.seq_len, C));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t l = 0; l < config_.layers; ++l) h->push_back(Block(config_));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C})));
+  head = register_module(
+      "head", torch::nn::Linear(torch::nn::LinearOptions(C, config_.vocab).bias(false)));
+  init_parameters(seed);
+}
+
+void GptImpl::init_parameters(uint64_t seed) {
+  // GPT-2 scheme: weights N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)) so the
+  // residual stream's variance does not grow with depth; biases 0; LayerNorm (1, 0).
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  at::NoGradGuard no_grad;
+  for (const auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor p = item.value();
+    const std::string owner = owner_of(name);
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (owner.rfind("ln_", 0) == 0) {
+      p.fill_(1.0);
+    } else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight")) {
+      p.normal_(0.0, residual_std, gen);
+    } else {
+      p.normal_(0.0, kInitStd, gen);
+    }
+  }
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& idx) {
+  TRIREME_CHECK(idx.dim() == 2, "GPT input must be (B,T), got ", idx.dim(), " dimensions");
+  TRIREME_CHECK(idx.scalar_type() == at::kLong, "GPT input must be int64 token ids");
+  const int64_t T = idx.size(1);
+  TRIREME_CHECK(T >= 1 && T <= config_.seq_len, "GPT input length ", T,
+                " is outside 1..--seq ", config_.seq_len);
+  at::Tensor pos = at::arange(T, idx.options());                                  // (T)
+  at::Tensor x = wte->forward(idx) + wpe->forward(pos);                          // (B,T,C)
+  x = maybe_dropout(x, config_.dropout, is_training());
+  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);           // (B,T,C)
+  return head->forward(ln_f->forward(x));                                        // (B,T,V)
+}
+
+at::Tensor GptImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor logits = forward(idx);  // (B,T,V)
+  TRIREME_CHECK(targets.sizes() == idx.sizes(), "GPT targets must have the shape of the inputs");
+  return at::cross_entropy_loss(logits.reshape({-1, config_.vocab}), targets.reshape({-1}));
+}
+
+std::string GptImpl::generate(const std::string& prompt, int64_t new_tokens, double temperature,
+                              uint64_t seed) {
+  TRIREME_CHECK(config_.vocab == 256, "text generation needs --vocab 256 (bytes), got ",
+                config_.vocab);
+  TRIREME_CHECK(new_tokens >= 0, "number of tokens to generate must be non-negative, got ",
+                new_tokens);
+  TRIREME_CHECK(temperature >= 0.0, "--temperature must be non-negative, got ", temperature);
+  at::NoGradGuard no_grad;
+  EvalScope eval_scope(*this);
+
+  std::vector<int64_t> tokens;
+  for (unsigned char c : (prompt.empty() ? std::string("\n") : prompt)) tokens.push_back(c);
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  std::string out;
+  out.reserve(static_cast<size_t>(new_tokens));
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(tokens.size()), config_.seq_len);
+    at::Tensor ctx = at::tensor(std::vector<int64_t>(tokens.end() - T, tokens.end()), at::kLong)
+                         .view({1, T});                      // (1,T)
+    at::Tensor last = forward(ctx).select(1, T - 1)[0];      // (V)
+    int64_t next;
+    if (temperature == 0.0) {
+      next = last.argmax().item<int64_t>();
+    } else {
+      at::Tensor probs = at::softmax(last.to(at::kDouble) / temperature, -1);  // (V)
+      next = at::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>();
+    }
+    tokens.push_back(next);
+    out.push_back(static_cast<char>(static_cast<unsigned char>(next)));
+  }
+  return out;
+}
+
+int64_t GptImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+}  // namespace trireme::models

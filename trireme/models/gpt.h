@@ -1,0 +1,102 @@
+// The reference GPT: a byte-level decoder-only transformer (GPT-2 layout, pre-LayerNorm).
+//
+//   idx (B,T) -> wte + wpe -> h.0 .. h.{L-1} -> ln_f -> head -> logits (B,T,V)
+//   block:  x = x + attn.proj(SDPA_causal(attn.qkv(ln_1(x))))
+//           x = x + mlp.proj(gelu_tanh(mlp.fc(ln_2(x))))
+//
+// B batch, T sequence length (<= seq_len), C = dim, H heads, D = C/H head size, V vocab.
+// Parameter names and shapes match bench/py/gpt.py exactly, so the Python peer has the
+// same parameter count. Initialisation depends on the seed only: a local CPU generator
+// fills every parameter in registration order; the global RNG is never touched.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "trireme/models/gpt_config.h"
+
+namespace trireme::models {
+
+// Causal multi-head self-attention with a fused q/k/v projection.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
+
+  torch::nn::Linear qkv{nullptr};   // C -> 3C
+  torch::nn::Linear proj{nullptr};  // C -> C, residual projection
+
+ private:
+  int64_t heads_;
+  double dropout_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
+
+  torch::nn::Linear fc{nullptr};    // C -> R*C
+  torch::nn::Linear proj{nullptr};  // R*C -> C, residual projection
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  // Throws InvalidArgument when config.validate() does.
+  GptImpl(const GptConfig& config, uint64_t seed);
+
+  // idx (B,T) int64 with T <= seq_len and values in [0, vocab) -> logits (B,T,V).
+  at::Tensor forward(const at::Tensor& idx);
+
+  // Mean cross-entropy over all B*T positions; targets (B,T) int64.
+  at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+
+  // Samples new_tokens bytes after `prompt` (softmax at `temperature`, multinomial from a
+  // local generator seeded with `seed`; temperature 0 means greedy), cropping the context
+  // to the last seq_len tokens. Returns only the new bytes, which need not be UTF-8. An
+  // empty prompt starts from "\n". Runs in eval mode under NoGradGuard and restores the
+  // training flag afterwards. Needs vocab == 256 (the byte tokenizer).
+  std::string generate(const std::string& prompt, int64_t new_tokens, double temperature,
+                       uint64_t seed);
+
+  int64_t num_parameters() const;
+  const GptConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr};  // (V,C)
+  torch::nn::Embedding wpe{nullptr};  // (seq_len,C)
+  torch::nn::ModuleList h{nullptr};   // L Blocks
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};    // C -> V, no bias
+
+ private:
+  void init_parameters(uint64_t seed);
+
+  GptConfig config_;
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace trireme::models

@@ -1,0 +1,28 @@
+// GptConfig checks and closed-form size; see gpt_config.h.
+#include "trireme/models/gpt_config.h"
+
+#include "trireme/common/error.h"
+
+namespace trireme::models {
+
+void GptConfig::validate() const {
+  TRIREME_CHECK(vocab >= 1, "--vocab must be positive, got ", vocab);
+  TRIREME_CHECK(seq_len >= 1, "--seq must be positive, got ", seq_len);
+  TRIREME_CHECK(layers >= 1, "--layers must be positive, got ", layers);
+  TRIREME_CHECK(dim >= 1, "--dim must be positive, got ", dim);
+  TRIREME_CHECK(heads >= 1, "--heads must be positive, got ", heads);
+  TRIREME_CHECK(dim % heads == 0, "--dim ", dim, " is not divisible by --heads ", heads,
+                "; choose a dim that is a multiple of heads");
+  TRIREME_CHECK(mlp_ratio >= 1, "--mlp-ratio must be positive, got ", mlp_ratio);
+  TRIREME_CHECK(dropout >= 0.0 && dropout < 1.0, "--dropout ", dropout,
+                " is outside [0, 1); choose a probability such as 0.1");
+}
+
+int64_t GptConfig::num_parameters() const {
+  const int64_t C = dim, V = vocab, T = seq_len, R = mlp_ratio;
+  const int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +
+                        (R * C * C + R * C) + (R * C * C + C);
+  return V * C + T * C + layers * block + 2 * C + C * V;
+}
+
+}  // namespace trireme::models

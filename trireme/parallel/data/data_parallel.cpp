@@ -1,0 +1,252 @@
+// DataParallel: buckets, hooks and the overlapped all-reduce; see data_parallel.h.
+#include "trireme/parallel/data/data_parallel.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+
+#include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
+
+namespace trireme::parallel {
+namespace {
+
+// Calls `fn` after AccumulateGrad has written a parameter's gradient.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+int64_t bucket_key(const at::Tensor& t) {
+  return static_cast<int64_t>(t.scalar_type()) * 1024 + static_cast<int64_t>(t.device().type()) * 64 +
+         t.device().index() + 1;
+}
+
+void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, what, " failed: ", e.what());
+  }
+}
+
+}  // namespace
+
+double StepCommStats::comm_busy_us() const {
+  std::vector<std::pair<double, double>> spans;
+  for (const auto& b : buckets) spans.emplace_back(b.launch_us, b.done_us);
+  std::sort(spans.begin(), spans.end());
+  double busy = 0, end = -1e300;
+  for (const auto& [s, e] : spans) {
+    if (e <= end) continue;
+    busy += e - std::max(s, end);
+    end = e;
+  }
+  return busy;
+}
+
+int StepCommStats::buckets_overlapped() const {
+  return static_cast<int>(std::count_if(buckets.begin(), buckets.end(), [&](const BucketTiming& b) {
+    return b.launch_us < backward_end_us;
+  }));
+}
+
+DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Group group,
+                           DataParallelOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  TRIREME_CHECK(module_, "DataParallel needs a module");
+  TRIREME_CHECK(group_, "DataParallel needs a process group");
+  for (auto& p : module_->parameters())
+    if (p.requires_grad()) params_.push_back(p);
+  broadcast_initial_state();
+  build_buckets(comm::reverse_order(params_.size()));
+  install_hooks();
+}
+
+DataParallel::~DataParallel() { remove_hooks(); }
+
+void DataParallel::broadcast_initial_state() {
+  std::vector<at::Tensor> state = module_->parameters();
+  if (options_.broadcast_buffers)
+    for (auto& b : module_->buffers()) state.push_back(b);
+  if (group_->getSize() == 1 || state.empty()) return;
+  at::NoGradGuard no_grad;
+  // One flat broadcast per dtype/device, in chunks of the bucket cap.
+  std::map<int64_t, std::vector<at::Tensor>> by_key;
+  for (auto& t : state) by_key[bucket_key(t)].push_back(t);
+  for (auto& [key, tensors] : by_key) {
+    size_t begin = 0;
+    while (begin < tensors.size()) {
+      size_t end = begin, bytes = 0;
+      while (end < tensors.size() &&
+             (end == begin || bytes + tensors[end].nbytes() <= options_.buckets.cap_bytes))
+        bytes += tensors[end++].nbytes();
+      std::vector<at::Tensor> flat_parts;
+      for (size_t i = begin; i < end; ++i) flat_parts.push_back(tensors[i].detach().reshape(-1));
+      std::vector<at::Tensor> flat{at::cat(flat_parts)};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      wait_or_throw(group_->broadcast(flat, opts), "initial parameter broadcast");
+      int64_t offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        const int64_t n = tensors[i].numel();
+        tensors[i].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
+        offset += n;
+      }
+      begin = end;
+    }
+  }
+}
+
+void DataParallel::install_hooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // The accumulator node is held only weakly by the parameter: keep it alive, so that
+    // our hook is the one autograd runs.
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    TRIREME_CHECK(accumulator, "parameter ", i, " is not a leaf that accumulates gradients");
+    hook_keys_.push_back(
+        accumulator->add_post_hook(std::make_unique<GradReadyHook>([this, i] { on_gradient_ready(i); })));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+void DataParallel::remove_hooks() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  accumulators_.clear();
+  hook_keys_.clear();
+}
+
+void DataParallel::build_buckets(const std::vector<size_t>& order) {
+  std::vector<comm::BucketParam> specs;
+  for (const auto& p : params_) specs.push_back({p.nbytes(), bucket_key(p)});
+  assignment_ = comm::assign_buckets(specs, order, options_.buckets);
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  for (size_t b = 0; b < assignment_.size(); ++b) {
+    Bucket bucket;
+    bucket.params = assignment_[b];
+    int64_t numel = 0;
+    for (size_t p : bucket.params) {
+      bucket.offsets.push_back(numel);
+      numel += params_[p].numel();
+      bucket_of_[p] = b;
+    }
+    bucket.flat = at::zeros({numel}, params_[bucket.params.front()].options().requires_grad(false));
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+void DataParallel::start_step() {
+  in_step_ = true;
+  current_ = StepCommStats{};
+  current_.first_hook_us = obs::now_us();
+  ready_.assign(params_.size(), false);
+  ready_order_.clear();
+  next_launch_ = 0;
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.launched = false;
+    bucket.work.reset();
+  }
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+}
+
+void DataParallel::on_gradient_ready(size_t param) {
+  if (!sync_enabled_) return;
+  if (!in_step_) start_step();
+  if (ready_[param]) return;  // already counted (a parameter used twice)
+  ready_[param] = true;
+  ready_order_.push_back(param);
+  --buckets_[bucket_of_[param]].pending;
+  launch_ready_buckets();
+}
+
+void DataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+}
+
+void DataParallel::launch(size_t b) {
+  at::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[b];
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const at::Tensor& p = params_[bucket.params[k]];
+    at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
+    if (p.grad().defined())
+      slot.copy_(p.grad().reshape(-1));
+    else
+      slot.zero_();
+  }
+  bucket.flat.div_(group_->getSize());
+  std::vector<at::Tensor> tensors{bucket.flat};
+  BucketTiming timing{static_cast<int>(b), bucket.flat.nbytes(), obs::now_us(), 0};
+  bucket.work = group_->allreduce(tensors);
+  bucket.launched = true;
+  bucket.done_us = std::make_shared<std::atomic<double>>(0.0);
+  auto done = bucket.done_us;
+  bucket.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = obs::now_us(); });
+  current_.buckets.push_back(timing);
+}
+
+void DataParallel::finalize() {
+  current_.backward_end_us = obs::now_us();
+  at::NoGradGuard no_grad;
+  // Buckets still waiting hold parameters that got no gradient in this step.
+  for (auto& bucket : buckets_) bucket.pending = 0;
+  launch_ready_buckets();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    wait_or_throw(bucket.work, "gradient all-reduce");
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      at::Tensor& p = params_[bucket.params[k]];
+      at::Tensor averaged = bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view_as(p);
+      if (p.grad().defined())
+        p.mutable_grad().copy_(averaged);
+      else
+        p.mutable_grad() = averaged.clone();
+    }
+  }
+  current_.sync_end_us = obs::now_us();
+  for (auto& timing : current_.buckets) {
+    // The completion callback has run by the time wait() returns; fall back to now if not.
+    const double done = *buckets_[timing.bucket].done_us;
+    timing.done_us = done > 0 ? done : current_.sync_end_us;
+  }
+  last_ = current_;
+  in_step_ = false;
+  ++steps_;
+  if (options_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
+}
+
+void DataParallel::rebuild_from_observed_order() {
+  rebuilt_ = true;
+  // Parameters that got no gradient go last, in reverse registration order.
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  std::vector<bool> listed(params_.size(), false);
+  for (size_t p : ready_order_) listed[p] = true;
+  for (size_t p = params_.size(); p-- > 0;)
+    if (!listed[p]) order.push_back(static_cast<int64_t>(p));
+  // Every rank must use the same buckets: take rank 0's observed order.
+  std::vector<at::Tensor> tensor{at::tensor(order, at::kLong)};
+  if (group_->getSize() > 1) {
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    wait_or_throw(group_->broadcast(tensor, opts), "bucket order broadcast");
+  }
+  std::vector<size_t> agreed(params_.size());
+  const auto* data = tensor[0].data_ptr<int64_t>();
+  for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<size_t>(data[i]);
+  build_buckets(agreed);
+}
+
+}  // namespace trireme::parallel

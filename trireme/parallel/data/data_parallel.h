@@ -1,0 +1,149 @@
+// DataParallel: C++ distributed data parallelism with wait-free backpropagation.
+//
+// Each rank holds a full replica of the module and computes gradients on its share of the
+// batch; DataParallel averages the gradients across the data-parallel group so that every
+// replica takes the same optimizer step. Following Poseidon's wait-free backpropagation, the
+// averaging overlaps backward: gradients are grouped into buckets (comm/bucket.h), and a
+// bucket's asynchronous all-reduce is launched from an autograd hook the moment the last of
+// its gradients has been accumulated, while backward carries on with earlier layers.
+//
+// One step, as seen by DataParallel:
+//   1. backward starts; as each parameter's gradient is accumulated, its post-accumulate
+//      hook marks it ready. A bucket whose gradients are all ready is copied into its flat
+//      buffer, divided by the group size and all-reduced asynchronously. Buckets launch in
+//      bucket order on every rank (collectives must be issued in the same order
+//      everywhere), so a bucket that is ready early waits for the ones before it.
+//   2. when autograd finishes (an engine callback queued by the first hook), buckets not
+//      yet launched -- their parameters got no gradient in this step -- are launched with
+//      zeros for the missing gradients; then every bucket is waited for and the averaged
+//      gradients are written back to param.grad().
+//   3. after the first step the bucket assignment is rebuilt from the order in which
+//      gradients actually became ready (rank 0's order, broadcast so all ranks agree).
+//
+// Gradient accumulation: inside a `no_sync()` scope the hooks do nothing and gradients
+// accumulate locally; the first backward outside it averages the accumulated sums.
+//
+// A parameter that no rank gives a gradient ends the step with a zero gradient (not an
+// undefined one), the same on every rank.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/nn/module.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "trireme/comm/bucket.h"
+#include "trireme/dist/backend.h"
+
+namespace trireme::parallel {
+
+struct DataParallelOptions {
+  comm::BucketOptions buckets;
+  // Rebuild the buckets from the observed gradient-ready order after the first step.
+  bool rebuild_buckets = true;
+  // Broadcast buffers (e.g. running statistics) from rank 0 along with the parameters.
+  bool broadcast_buffers = true;
+};
+
+// What one synchronised step's communication looked like. Times in steady-clock
+// microseconds (obs/clock.h).
+struct BucketTiming {
+  int bucket = 0;
+  size_t bytes = 0;
+  double launch_us = 0;  // all-reduce issued
+  double done_us = 0;    // all-reduce completed (reported by the backend's future)
+};
+
+struct StepCommStats {
+  double first_hook_us = 0;     // first gradient ready
+  double backward_end_us = 0;   // autograd finished computing
+  double sync_end_us = 0;       // every bucket done and gradients written back
+  std::vector<BucketTiming> buckets;
+
+  // Communication not hidden behind backward: from the end of backward compute to the
+  // averaged gradients being in place.
+  double exposed_us() const { return sync_end_us - backward_end_us; }
+  // Length of the union of the buckets' [launch, done] intervals.
+  double comm_busy_us() const;
+  // Buckets whose all-reduce was launched before backward finished.
+  int buckets_overlapped() const;
+};
+
+class DataParallel {
+ public:
+  // Broadcasts rank 0's parameters (and buffers) to the group, then installs the hooks.
+  DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Group group,
+               DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  const dist::Group& group() const { return group_; }
+
+  // RAII scope in which backward does not synchronise (gradient accumulation).
+  class NoSync {
+   public:
+    explicit NoSync(DataParallel& dp) : dp_(dp), previous_(dp.sync_enabled_.exchange(false)) {}
+    ~NoSync() { dp_.sync_enabled_ = previous_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DataParallel& dp_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // Statistics of the last synchronised backward.
+  const StepCommStats& last_step() const { return last_; }
+  // Current bucket assignment (indices into module().parameters()).
+  const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
+  // Number of synchronised backward passes so far.
+  int64_t steps() const { return steps_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;  // element offset of each param in `flat`
+    at::Tensor flat;
+    size_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::shared_ptr<std::atomic<double>> done_us;
+  };
+
+  void broadcast_initial_state();
+  void install_hooks();
+  void remove_hooks();
+  void build_buckets(const std::vector<size_t>& order);
+  void on_gradient_ready(size_t param);
+  void start_step();
+  void launch_ready_buckets();
+  void launch(size_t bucket);
+  void finalize();
+  void rebuild_from_observed_order();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  dist::Group group_;
+  DataParallelOptions options_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  std::vector<std::vector<size_t>> assignment_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // param -> bucket
+  std::vector<bool> ready_;        // param -> gradient ready this step
+  std::vector<size_t> ready_order_;
+  size_t next_launch_ = 0;
+  bool in_step_ = false;
+  bool rebuilt_ = false;
+  std::atomic<bool> sync_enabled_{true};
+  int64_t steps_ = 0;
+  StepCommStats current_, last_;
+};
+
+}  // namespace trireme::parallel

@@ -1,0 +1,2 @@
+# parallel/: data/ (DataParallel; later ZeRO), tensor/ and pipeline/ in later work.
+target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
