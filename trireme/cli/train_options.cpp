@@ -15,7 +15,7 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("micro-batches", &o->micro_batches, "gradient-accumulation micro-batches per rank");
   p.add("lr", &o->lr, "peak learning rate (AdamW)");
   p.add("min-lr", &o->min_lr, "final learning rate of the cosine decay");
-  p.add("warmup", &o->warmup, "linear warm-up steps");
+  p.add("warmup", &o->warmup, "linear warm-up steps (-1: a tenth of --steps)");
   p.add("weight-decay", &o->weight_decay, "AdamW weight decay");
   p.add("clip", &o->clip, "clip gradients to this global L2 norm (0: off)");
   p.add("seed", &o->seed, "seed of the model initialisation and data order");
@@ -59,6 +59,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 "--bucket-mb and --first-bucket-mb must be positive");
   TRIREME_CHECK(o->trace_steps >= 0 && o->sample_tokens >= 0 && o->log_every >= 1,
                 "--trace-steps and --sample-tokens must be >= 0, --log-every >= 1");
+  if (o->warmup < 0) o->warmup = o->steps / 10;
   optim::LrSchedule{o->lr, o->min_lr, o->warmup, o->steps}.validate();
   TRIREME_CHECK(o->weight_decay >= 0, "--weight-decay must be >= 0");
   TRIREME_CHECK(o->clip >= 0, "--clip must be >= 0 (0 turns clipping off)");

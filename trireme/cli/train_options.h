@@ -18,7 +18,7 @@ struct TrainOptions {
   int64_t micro_batches = 1; // gradient-accumulation micro-batches per rank
   double lr = 3e-3;
   double min_lr = 3e-4;
-  int64_t warmup = 20;
+  int64_t warmup = -1;       // -1: a tenth of --steps
   double weight_decay = 0.1;
   double clip = 1.0;
   int64_t seed = 1234;

@@ -14,7 +14,7 @@ extern "C" __attribute__((visibility("default"))) trireme::dist::Group trireme_c
   try {
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
   } catch (const std::exception& e) {
-    TRIREME_THROW(trireme::CommError, "cannot create NCCL group (rank ", rank, " of ", size,
+    TRIREME_THROW(CommError, "cannot create NCCL group (rank ", rank, " of ", size,
                   "): ", e.what());
   }
 }

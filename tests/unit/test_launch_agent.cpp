@@ -1,0 +1,171 @@
+// The node agent driven through an in-memory AgentChannel with real (sh) workers: output
+// prefixing, failure detection and publication, reacting to another node's failure,
+// SIGKILL after the grace period, and the join timeout.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "trireme/launch/agent.h"
+
+using namespace trireme::launch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+class MemoryChannel : public AgentChannel {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = value;
+    cv_.notify_all();
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    if (it == values_.end()) return std::nullopt;
+    return it->second;
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t v = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
+    values_[key] = std::to_string(v);
+    cv_.notify_all();
+    return v;
+  }
+  bool wait_for(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;
+};
+
+// Captures what the agent forwards; small outputs fit in the pipe buffers.
+struct CapturedIo {
+  int out[2], err[2];
+  CapturedIo() {
+    EXPECT_EQ(::pipe2(out, O_NONBLOCK), 0);
+    EXPECT_EQ(::pipe2(err, O_NONBLOCK), 0);
+  }
+  ~CapturedIo() {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+  }
+  AgentIo io() const { return {out[1], err[1]}; }
+  static std::string drain(int fd) {
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, n);
+    return text;
+  }
+  std::string stdout_text() const { return drain(out[0]); }
+  std::string stderr_text() const { return drain(err[0]); }
+};
+
+LaunchOptions sh_options(int nproc, const std::string& script) {
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.command = {"/bin/sh", "-c", script};
+  return o;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST(LaunchAgent, ForwardsPrefixedOutputAndSucceeds) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const auto result = run_agent(
+      sh_options(2, "echo out $RANK/$WORLD_SIZE; echo err $LOCAL_RANK >&2"), channel,
+      {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.failure, "");
+  const std::string out = io.stdout_text(), err = io.stderr_text();
+  EXPECT_NE(out.find("[0] out 0/2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("[1] out 1/2\n"), std::string::npos) << out;
+  EXPECT_NE(err.find("[1] err 1\n"), std::string::npos) << err;
+  EXPECT_EQ(channel.try_get(keys::kAllDone).value_or(""), "1");
+  EXPECT_FALSE(channel.try_get(keys::kFailure));
+}
+
+TEST(LaunchAgent, FailedWorkerStopsTheOthersAndIsPublished) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const auto start = Clock::now();
+  const auto result = run_agent(
+      sh_options(3, "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30"), channel,
+      {"127.0.0.1", 1234}, io.io());
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.failure,
+            "rank 1 (node 0, local 1) exited with code 3; stopped the other workers");
+  EXPECT_EQ(channel.try_get(keys::kFailure).value_or(""),
+            "rank 1 (node 0, local 1) exited with code 3");
+}
+
+TEST(LaunchAgent, AnotherNodesFailureStopsThisNode) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kReady, "1");  // the job has already formed
+  channel.set(keys::kFailure, "rank 0 (node 0, local 0) was killed by signal 9 (SIGKILL)");
+  LaunchOptions o = sh_options(2, "exec sleep 30");
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.rdzv_port = 1234;
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.failure,
+            "rank 0 (node 0, local 0) was killed by signal 9 (SIGKILL); stopped the workers "
+            "of node 1");
+}
+
+TEST(LaunchAgent, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
+  MemoryChannel channel;
+  CapturedIo io;
+  LaunchOptions o =
+      sh_options(2, "if [ $RANK = 1 ]; then exit 2; fi; trap '' TERM; exec sleep 30");
+  o.stop_grace_s = 0.3;
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(result.failure,
+            "rank 1 (node 0, local 1) exited with code 2; stopped the other workers");
+}
+
+TEST(LaunchAgent, JoinTimeoutNamesHowManyJoined) {
+  MemoryChannel channel;
+  CapturedIo io;
+  LaunchOptions o = sh_options(1, "true");
+  o.nnodes = 2;
+  o.rdzv_port = 29999;
+  o.join_timeout_s = 1;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 29999}, io.io());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.failure.find("1 of 2 joined the rendezvous at 127.0.0.1:29999"),
+            std::string::npos)
+      << result.failure;
+}
+
+TEST(LaunchAgent, ProgramThatCannotRunIsAFailureNamingIt) {
+  MemoryChannel channel;
+  CapturedIo io;
+  LaunchOptions o;
+  o.command = {"/nonexistent/program"};
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1}, io.io());
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.failure.find("cannot execute '/nonexistent/program'"), std::string::npos)
+      << result.failure;
+}

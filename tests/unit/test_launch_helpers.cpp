@@ -1,0 +1,139 @@
+// Pure helpers of the launcher: line prefixing, exit-status wording, the torchrun
+// environment, option validation, executable lookup.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <csignal>
+
+#include "trireme/common/error.h"
+#include "trireme/launch/exit_status.h"
+#include "trireme/launch/launcher.h"
+#include "trireme/launch/output.h"
+#include "trireme/launch/process.h"
+#include "trireme/launch/worker_env.h"
+
+using namespace trireme::launch;
+
+TEST(LaunchOutput, PrefixesCompleteLinesOnly) {
+  LinePrefixer p(rank_prefix(1));
+  EXPECT_EQ(p.feed("hel"), "");
+  EXPECT_EQ(p.feed("lo\nwor"), "[1] hello\n");
+  EXPECT_EQ(p.feed("ld\n\n"), "[1] world\n[1] \n");
+  EXPECT_EQ(p.finish(), "");
+}
+
+TEST(LaunchOutput, CarriageReturnEndsALineAndStaysLive) {
+  LinePrefixer p(rank_prefix(0));
+  EXPECT_EQ(p.feed("step 1\rstep 2\r"), "[0] step 1\r[0] step 2\r");
+  EXPECT_EQ(p.feed("\n"), "\n");  // CRLF split over two reads: no empty prefixed line
+  EXPECT_EQ(p.feed("a\r\nb\n"), "[0] a\r\n[0] b\n");
+}
+
+TEST(LaunchOutput, FinishFlushesRemainderAndLongLinesAreCut) {
+  LinePrefixer p("[7] ", 4);
+  EXPECT_EQ(p.feed("abcdef"), "[7] abcd\n");
+  EXPECT_EQ(p.finish(), "[7] ef\n");
+  EXPECT_EQ(p.finish(), "");
+}
+
+TEST(LaunchExitStatus, DescribesExitCodesAndSignals) {
+  EXPECT_EQ(describe_wait_status(3 << 8), "exited with code 3");
+  EXPECT_EQ(describe_wait_status(SIGKILL), "was killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(describe_wait_status(SIGSEGV), "was killed by signal 11 (SIGSEGV)");
+  EXPECT_TRUE(exited_cleanly(0));
+  EXPECT_FALSE(exited_cleanly(1 << 8));
+  EXPECT_FALSE(exited_cleanly(SIGTERM));
+  EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
+  EXPECT_EQ(signal_name(60), "signal 60");
+}
+
+namespace {
+std::string value_of(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& e : env)
+    if (e.rfind(key + "=", 0) == 0) return e.substr(key.size() + 1);
+  return "<unset>";
+}
+}  // namespace
+
+TEST(LaunchEnv, TorchrunVariablesForSecondNode) {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.nnodes = 3;
+  o.node_rank = 1;
+  const JobInfo job{"10.0.0.1", 29500, "abc", 0, false};
+  const auto env = worker_environment({"PATH=/bin", "RANK=99"}, o, 1, job);
+  EXPECT_EQ(value_of(env, "RANK"), "3");
+  EXPECT_EQ(value_of(env, "LOCAL_RANK"), "1");
+  EXPECT_EQ(value_of(env, "WORLD_SIZE"), "6");
+  EXPECT_EQ(value_of(env, "LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(value_of(env, "GROUP_RANK"), "1");
+  EXPECT_EQ(value_of(env, "ROLE_RANK"), "3");
+  EXPECT_EQ(value_of(env, "ROLE_WORLD_SIZE"), "6");
+  EXPECT_EQ(value_of(env, "MASTER_ADDR"), "10.0.0.1");
+  EXPECT_EQ(value_of(env, "MASTER_PORT"), "29500");
+  EXPECT_EQ(value_of(env, "TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(value_of(env, "TORCHELASTIC_USE_AGENT_STORE"), "True");
+  EXPECT_EQ(value_of(env, "TORCHELASTIC_RUN_ID"), "abc");
+  EXPECT_EQ(value_of(env, "OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(value_of(env, "TRIREME_TTY"), "<unset>");
+  EXPECT_EQ(value_of(env, "PATH"), "/bin");
+  EXPECT_EQ(std::count_if(env.begin(), env.end(),
+                          [](const std::string& e) { return e.rfind("RANK=", 0) == 0; }),
+            1);
+}
+
+TEST(LaunchEnv, KeepsOmpThreadsTtyFlagAndExtraEnvWins) {
+  LaunchOptions o;
+  o.extra_env = {{"MASTER_PORT", "1"}, {"TRIREME_X", "y"}};
+  const JobInfo job{"127.0.0.1", 5, "id", 0, true};
+  const auto env = worker_environment({"OMP_NUM_THREADS=4"}, o, 0, job);
+  EXPECT_EQ(value_of(env, "OMP_NUM_THREADS"), "4");
+  EXPECT_EQ(value_of(env, "TRIREME_TTY"), "1");
+  EXPECT_EQ(value_of(env, "MASTER_PORT"), "1");
+  EXPECT_EQ(value_of(env, "TRIREME_X"), "y");
+}
+
+namespace {
+void expect_refused(const LaunchOptions& o, const std::string& words) {
+  try {
+    validate_launch_options(o);
+    ADD_FAILURE() << "accepted options that should be refused (" << words << ")";
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+}  // namespace
+
+TEST(LaunchOptionsCheck, RefusesBadOptionsWithTheFlagName) {
+  LaunchOptions good;
+  good.command = {"true"};
+  EXPECT_NO_THROW(validate_launch_options(good));
+  LaunchOptions o = good;
+  o.command.clear();
+  expect_refused(o, "missing the program");
+  o = good;
+  o.nproc_per_node = 0;
+  expect_refused(o, "--nproc-per-node");
+  o = good;
+  o.nnodes = 2;
+  o.node_rank = 2;
+  o.rdzv_port = 29500;
+  expect_refused(o, "--node-rank must be in 0..1");
+  o = good;
+  o.nnodes = 2;
+  expect_refused(o, "needs --rdzv");
+  o = good;
+  o.join_timeout_s = 0;
+  expect_refused(o, "--join-timeout");
+  o = good;
+  o.max_restarts = -1;
+  expect_refused(o, "--max-restarts");
+}
+
+TEST(LaunchProcess, FindsExecutablesOnAPath) {
+  EXPECT_EQ(find_executable("sh", "/nonexistent:/bin"), "/bin/sh");
+  EXPECT_EQ(find_executable("/bin/sh", ""), "/bin/sh");
+  EXPECT_EQ(find_executable("no-such-program-xyz", "/bin:/usr/bin"), "");
+  EXPECT_EQ(find_executable("/etc/passwd", ""), "");  // not executable
+}
