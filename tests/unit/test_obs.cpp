@@ -46,7 +46,7 @@ TEST(Timeline, WritesAndMergesParts) {
   text << in.rdbuf();
   const std::string s = text.str();
   EXPECT_NE(s.find("\"name\": \"rank 1\""), std::string::npos);
-  EXPECT_NE(s.find("\"ts\": 1001"), std::string::npos);
+  EXPECT_NE(s.find("\"ts\": 1001.000"), std::string::npos);
   EXPECT_NE(s.find("\"args\": {\"bytes\": 64}"), std::string::npos);
   // 2 ranks x (3 metadata + 2 events) objects
   size_t count = 0;

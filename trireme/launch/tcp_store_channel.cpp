@@ -7,6 +7,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "trireme/common/error.h"
 
 namespace trireme::launch {
@@ -105,16 +108,18 @@ int64_t TcpStoreChannel::add(const std::string& key, int64_t delta) {
   return guarded("add", [&] { return impl_->store->add(key, delta); });
 }
 
+// TCPStore::wait() logs a warning on every timeout, and agents wait in short slices, so
+// this looks at the key every kCheckInterval instead (a bounded store check, not a sleep
+// standing in for synchronisation).
 bool TcpStoreChannel::wait_for(const std::string& key, std::chrono::milliseconds timeout) {
-  return guarded("wait", [&] {
-    try {
-      impl_->store->wait({key}, timeout);
-      return true;
-    } catch (const c10::DistStoreError& e) {
-      if (std::string(e.what()).find("imeout") == std::string::npos) throw;
-      return false;
-    }
-  });
+  constexpr std::chrono::milliseconds kCheckInterval{50};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (guarded("check", [&] { return impl_->store->check({key}); })) return true;
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(left, kCheckInterval));
+  }
 }
 
 }  // namespace trireme::launch

@@ -1,6 +1,7 @@
 // Chrome-trace writing; see obs/timeline.h for the format and lanes.
 #include "trireme/obs/timeline.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,16 @@
 #include "trireme/obs/json.h"
 
 namespace trireme::obs {
+namespace {
+
+// Wall-clock microseconds need 16 significant digits; keep nanosecond resolution.
+std::string microseconds(double us) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.3f", us);
+  return buf;
+}
+
+}  // namespace
 
 void Timeline::add(TraceEvent event) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -48,8 +59,8 @@ std::string Timeline::events_json() const {
         .add("cat", e.category)
         .add("pid", rank_)
         .add("tid", static_cast<int>(e.lane))
-        .add_raw("ts", json_number(e.start_us))
-        .add_raw("dur", json_number(e.duration_us));
+        .add_raw("ts", microseconds(e.start_us))
+        .add_raw("dur", microseconds(e.duration_us));
     if (!e.args_json.empty()) obj.add_raw("args", e.args_json);
     out << ",\n" << obj.str();
   }

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `trireme run` (the launcher) with real processes.
+
+Workers are Python one-liners (sys.executable). Every test uses ephemeral ports, waits on
+events (output lines, process exits through pidfds) rather than sleeping, and leaves no
+process behind. Needs TRIREME_BIN (the trireme CLI).
+"""
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+TRIREME = os.environ.get("TRIREME_BIN", "trireme")
+PY = sys.executable
+TIMEOUT = 60
+
+ENV_KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS"]
+
+# Prints its torchrun variables as JSON, after checking the agent's store accepts a
+# connection at MASTER_ADDR:MASTER_PORT.
+ENV_WORKER = (
+    "import json, os, socket\n"
+    "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 10)\n"
+    "s.close()\n"
+    f"print(json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))\n")
+
+# Announces its pid, then sleeps until stopped.
+SLEEPER = ("import os, sys, time\n"
+           "print('ready', os.getpid(), flush=True)\n"
+           "time.sleep(120)\n")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_without_omp():
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+def launcher_cmd(flags, program):
+    return [TRIREME, "run", *flags, "--", *program]
+
+
+def run(flags, program, timeout=TIMEOUT, env=None):
+    start = time.monotonic()
+    p = subprocess.run(launcher_cmd(flags, program), capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - start
+
+
+def start(flags, program, env=None):
+    return subprocess.Popen(launcher_cmd(flags, program), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def json_lines(stdout):
+    """{rank: env} from lines '[r] {...}'."""
+    out = {}
+    for line in stdout.splitlines():
+        prefix, _, body = line.partition("] ")
+        out[int(prefix.lstrip("["))] = json.loads(body)
+    return out
+
+
+def read_ready_pids(proc, n):
+    pids = []
+    while len(pids) < n:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError("launcher ended before its workers were ready: "
+                                 + proc.stderr.read())
+        if " ready " in line:
+            pids.append(int(line.split()[-1]))
+    return pids
+
+
+def wait_pids_gone(pids, timeout):
+    """True when every pid has exited within timeout (pidfds: no polling loops)."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except ProcessLookupError:
+            pass
+    try:
+        deadline = time.monotonic() + timeout
+        pending = list(fds)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select(pending, [], [], left)
+            pending = [fd for fd in pending if fd not in ready]
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def one_line(text):
+    lines = [l for l in text.splitlines() if l.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got: {text!r}"
+    return lines[0]
+
+
+class Environment(unittest.TestCase):
+    def test_one_node_three_workers(self):
+        rc, out, err, _ = run(["--nproc-per-node", "3"], [PY, "-c", ENV_WORKER],
+                              env=env_without_omp())
+        self.assertEqual(rc, 0, err)
+        ranks = json_lines(out)
+        self.assertEqual(sorted(ranks), [0, 1, 2])
+        run_ids = set()
+        for r, env in ranks.items():
+            self.assertEqual(env["RANK"], str(r))
+            self.assertEqual(env["LOCAL_RANK"], str(r))
+            self.assertEqual(env["ROLE_RANK"], str(r))
+            self.assertEqual(env["WORLD_SIZE"], "3")
+            self.assertEqual(env["ROLE_WORLD_SIZE"], "3")
+            self.assertEqual(env["LOCAL_WORLD_SIZE"], "3")
+            self.assertEqual(env["GROUP_RANK"], "0")
+            self.assertEqual(env["MASTER_ADDR"], "127.0.0.1")
+            self.assertNotEqual(env["MASTER_PORT"], "0")
+            self.assertEqual(env["TORCHELASTIC_RESTART_COUNT"], "0")
+            self.assertEqual(env["TORCHELASTIC_USE_AGENT_STORE"], "True")
+            self.assertEqual(env["OMP_NUM_THREADS"], "1")
+            run_ids.add(env["TORCHELASTIC_RUN_ID"])
+        self.assertEqual(len(run_ids), 1)
+
+    def test_two_agents_form_one_job(self):
+        port = free_port()
+        common = ["--nproc-per-node", "2", "--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
+        agents = [start(common + ["--node-rank", str(r)], [PY, "-c", ENV_WORKER])
+                  for r in (0, 1)]
+        results = [a.communicate(timeout=TIMEOUT) for a in agents]
+        for agent, (out, err) in zip(agents, results):
+            self.assertEqual(agent.returncode, 0, err)
+        ranks = {}
+        for out, _ in results:
+            ranks.update(json_lines(out))
+        self.assertEqual(sorted(ranks), [0, 1, 2, 3])
+        for r, env in ranks.items():
+            self.assertEqual(env["RANK"], str(r))
+            self.assertEqual(env["WORLD_SIZE"], "4")
+            self.assertEqual(env["GROUP_RANK"], str(r // 2))
+            self.assertEqual(env["LOCAL_RANK"], str(r % 2))
+            self.assertEqual(env["MASTER_PORT"], str(port))
+        self.assertEqual(len({env["TORCHELASTIC_RUN_ID"] for env in ranks.values()}), 1)
+
+
+class Output(unittest.TestCase):
+    def test_lines_are_prefixed_by_rank_and_streams_kept_apart(self):
+        prog = ("import os, sys\n"
+                "r = os.environ['RANK']\n"
+                "sys.stdout.write('hello ' + r + '\\npartial ' + r); sys.stdout.flush()\n"
+                "sys.stderr.write('oops ' + r + '\\n')\n"
+                "if r == '0': sys.stdout.write('\\rstep 1\\rstep 2\\n')\n")
+        # bytes, not text: text mode would turn the '\r' under test into '\n'
+        p = subprocess.run(launcher_cmd(["--nproc-per-node", "2"], [PY, "-c", prog]),
+                           capture_output=True, timeout=TIMEOUT)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out, err = p.stdout.decode(), p.stderr.decode()
+        for r in ("0", "1"):
+            self.assertIn(f"[{r}] hello {r}\n", out)
+            self.assertIn(f"[{r}] oops {r}\n", err)
+            self.assertNotIn("oops", out)
+        self.assertIn("[1] partial 1\n", out)
+        self.assertIn("[0] partial 0\r[0] step 1\r[0] step 2\n", out)
+        for line in out.replace("\r", "\n").splitlines():
+            self.assertRegex(line, r"^\[[01]\] ")
+
+    def test_tty_flag_unset_when_stderr_is_not_a_terminal(self):
+        rc, out, _, _ = run([], [PY, "-c", "import os; print(os.environ.get('TRIREME_TTY'))"])
+        self.assertEqual((rc, out), (0, "[0] None\n"))
+
+
+class Failures(unittest.TestCase):
+    def check_crash(self, crash, phrase):
+        prog = ("import os, sys, time\n"
+                f"if os.environ['RANK'] == '1': {crash}\n"
+                "time.sleep(120)\n")
+        rc, _, err, elapsed = run(["--nproc-per-node", "3"], [PY, "-c", prog])
+        self.assertNotEqual(rc, 0)
+        self.assertLess(elapsed, 10)
+        self.assertEqual(one_line(err),
+                         f"trireme run: rank 1 (node 0, local 1) {phrase}; "
+                         "stopped the other workers")
+
+    def test_worker_exit_code_stops_the_job(self):
+        self.check_crash("sys.exit(3)", "exited with code 3")
+
+    def test_worker_killed_by_signal_stops_the_job(self):
+        self.check_crash("os.kill(os.getpid(), 9)", "was killed by signal 9 (SIGKILL)")
+
+    def test_crash_on_node_one_stops_node_zero(self):
+        port = free_port()
+        common = ["--nproc-per-node", "2", "--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
+        prog = ("import os, sys, time\n"
+                "print('ready', os.getpid(), flush=True)\n"
+                "if os.environ['RANK'] == '3': sys.exit(3)\n"
+                "time.sleep(120)\n")
+        begin = time.monotonic()
+        agents = [start(common + ["--node-rank", str(r)], [PY, "-c", prog]) for r in (0, 1)]
+        results = [a.communicate(timeout=TIMEOUT) for a in agents]
+        self.assertLess(time.monotonic() - begin, 15)
+        failed = "rank 3 (node 1, local 1) exited with code 3"
+        self.assertNotEqual(agents[1].returncode, 0)
+        self.assertEqual(one_line(results[1][1]),
+                         f"trireme run: {failed}; stopped the other workers")
+        self.assertNotEqual(agents[0].returncode, 0)
+        self.assertEqual(one_line(results[0][1]),
+                         f"trireme run: {failed}; stopped the workers of node 0")
+        # workers stopped early may not have printed; check those that did
+        pids = [int(pid) for out, _ in results for pid in re.findall(r"ready (\d+)", out)]
+        self.assertTrue(wait_pids_gone(pids, 5))
+
+
+class Signals(unittest.TestCase):
+    def start_sleepers(self, n):
+        proc = start(["--nproc-per-node", str(n)], [PY, "-c", SLEEPER])
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        return proc, read_ready_pids(proc, n)
+
+    def test_sigterm_reaches_every_worker(self):
+        proc, pids = self.start_sleepers(2)
+        begin = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM)
+        self.assertLess(time.monotonic() - begin, 10)
+        self.assertEqual(one_line(err), "trireme run: received SIGTERM; stopped the workers of node 0")
+        self.assertTrue(wait_pids_gone(pids, 1))
+
+    def test_sigint_reaches_every_worker(self):
+        proc, pids = self.start_sleepers(2)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 128 + signal.SIGINT)
+        self.assertTrue(wait_pids_gone(pids, 1))
+
+    def test_kill_9_of_the_launcher_leaves_no_orphan(self):
+        proc, pids = self.start_sleepers(2)
+        proc.kill()
+        proc.communicate(timeout=TIMEOUT)
+        self.assertTrue(wait_pids_gone(pids, 10), "workers outlived a kill -9 of the launcher")
+
+
+class BadInput(unittest.TestCase):
+    def check_refused(self, flags, program, words):
+        rc, out, err, _ = run(flags, program, timeout=30)
+        self.assertNotEqual(rc, 0)
+        self.assertEqual(out, "")
+        line = one_line(err)
+        self.assertTrue(line.startswith("trireme run: "), line)
+        self.assertIn(words, line)
+
+    def test_unknown_flag(self):
+        self.check_refused(["--nproc-per-nod", "2"], ["true"], "unknown flag --nproc-per-nod")
+
+    def test_missing_program(self):
+        self.check_refused(["--nproc-per-node", "2"], [], "missing the program")
+
+    def test_program_without_dashdash(self):
+        p = subprocess.run([TRIREME, "run", "true"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("put the program after '--'", one_line(p.stderr))
+
+    def test_nproc_below_one(self):
+        self.check_refused(["--nproc-per-node", "0"], ["true"], "--nproc-per-node")
+
+    def test_node_rank_out_of_range(self):
+        self.check_refused(["--nnodes", "2", "--node-rank", "2", "--rdzv", "127.0.0.1:29400"],
+                           ["true"], "--node-rank")
+
+    def test_multi_node_needs_rdzv(self):
+        self.check_refused(["--nnodes", "2"], ["true"], "--rdzv")
+
+    def test_malformed_rdzv(self):
+        self.check_refused(["--rdzv", "localhost"], ["true"], "HOST:PORT")
+        self.check_refused(["--rdzv", "localhost:http"], ["true"], "--rdzv")
+        self.check_refused(["--rdzv", "localhost:70000"], ["true"], "0..65535")
+
+    def test_port_in_use(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            self.check_refused(["--nnodes", "2", "--node-rank", "0",
+                                "--rdzv", f"127.0.0.1:{port}"], ["true"],
+                               f"--rdzv port {port} is already in use")
+
+    def test_nonexistent_program(self):
+        self.check_refused([], ["/nonexistent/trireme-worker"],
+                           "cannot execute '/nonexistent/trireme-worker'")
+        self.check_refused([], ["no-such-program-trireme"], "no-such-program-trireme")
+
+    def test_join_timeout_names_the_count(self):
+        self.check_refused(["--nnodes", "2", "--node-rank", "0", "--join-timeout", "1",
+                            "--rdzv", f"127.0.0.1:{free_port()}"], ["true"],
+                           "1 of 2 joined")
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    sys.exit(0 if result.wasSuccessful() else 1)
