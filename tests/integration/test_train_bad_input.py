@@ -1,0 +1,77 @@
+"""Bad input to `trireme train gpt`: one line naming the problem and the fix, a non-zero
+exit, no stack dump, and no worker processes left behind."""
+import os
+import socket
+import subprocess
+import unittest
+
+from common import TRIREME, run, temp_dir
+
+SMALL = ["--layers", "1", "--dim", "16", "--heads", "2", "--seq", "16", "--batch", "4",
+         "--steps", "2", "--quiet"]
+
+
+def workers_alive(marker):
+    """PIDs of processes whose command line contains marker."""
+    alive = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    alive.append(int(pid))
+        except OSError:
+            pass
+    return alive
+
+
+class TrainBadInput(unittest.TestCase):
+    def refuse(self, args, expect):
+        out = os.path.join(temp_dir(), "run")
+        proc = run(["train", "gpt", "--out", out] + args, check=False, timeout=60)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        print(f"{' '.join(args)!s:60.60} -> exit {proc.returncode}: {lines[-1] if lines else ''}")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertEqual(len(lines), 1, f"expected one line, got:\n{proc.stderr}")
+        self.assertIn(expect, lines[0])
+        self.assertNotIn("terminate called", proc.stderr)
+        self.assertEqual(workers_alive(out), [], "worker processes left behind")
+
+    def test_unknown_flag(self):
+        self.refuse(["--nproc-per-node", "1", "--stepz", "3"] + SMALL, "unknown flag --stepz")
+
+    def test_non_numeric_value(self):
+        self.refuse(["--nproc-per-node", "1", "--steps", "ten"], "--steps expects an integer, got 'ten'")
+
+    def test_layout_not_matching_world(self):
+        self.refuse(["--nproc-per-node", "2", "--dp", "3"] + SMALL, "make dp*tp*pp equal")
+
+    def test_batch_not_divisible(self):
+        self.refuse(["--nproc-per-node", "2", "--batch", "5"] + SMALL[:-7] + ["--steps", "1"],
+                    "--batch 5 is not divisible by 2")
+
+    def test_missing_data_file(self):
+        self.refuse(["--nproc-per-node", "1", "--data", "/nonexistent/corpus.txt"] + SMALL,
+                    "/nonexistent/corpus.txt")
+
+    def test_heads_not_dividing_dim(self):
+        self.refuse(["--nproc-per-node", "1", "--dim", "30", "--heads", "4"], "--heads")
+
+    def test_unknown_model(self):
+        out = os.path.join(temp_dir(), "run")
+        proc = run(["train", "bert", "--out", out], check=False)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("the available model is: gpt", proc.stderr)
+
+    def test_port_in_use(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            self.refuse(["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "0",
+                         "--rdzv", f"127.0.0.1:{port}"] + SMALL, str(port))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
