@@ -53,3 +53,17 @@ TEST(Timeline, WritesAndMergesParts) {
   for (size_t at = s.find("\"ph\""); at != std::string::npos; at = s.find("\"ph\"", at + 1)) ++count;
   EXPECT_EQ(count, 10u);
 }
+
+#include "trireme/obs/plot.h"
+
+TEST(Plot, LossCurveSvgHasTheSeriesAndLabels) {
+  Series loss{"loss", {1, 2, 3, 4}, {5.5, 4.0, 3.0, 2.5}};
+  const std::string svg = line_chart_svg("GPT <demo>", "step", "loss", {loss});
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("GPT &lt;demo&gt;"), std::string::npos);
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);
+  // First point at the left edge and top (highest loss), last at the right and bottom.
+  EXPECT_NE(svg.find("points=\"70,40 "), std::string::npos);
+  EXPECT_NE(svg.find(" 700,370 \""), std::string::npos);
+  EXPECT_NE(line_chart_svg("empty", "x", "y", {}).find("</svg>"), std::string::npos);
+}

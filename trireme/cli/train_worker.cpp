@@ -19,6 +19,7 @@
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/metrics.h"
+#include "trireme/obs/plot.h"
 #include "trireme/obs/progress.h"
 #include "trireme/obs/timeline.h"
 #include "trireme/optim/clip.h"
@@ -132,6 +133,7 @@ int train_worker_main(const std::vector<std::string>& args) {
                  (long long)opt.batch, (long long)opt.model.seq_len, (long long)opt.steps);
 
   double elapsed_s = 0;
+  obs::Series loss_curve{"loss (global batch)", {}, {}};
   for (int64_t step = 0; step < opt.steps; ++step) {
     const bool tracing = step >= trace_first && step < trace_last;
     const double lr = schedule.at(step);
@@ -181,6 +183,8 @@ int train_worker_main(const std::vector<std::string>& args) {
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {
+      loss_curve.x.push_back(static_cast<double>(step + 1));
+      loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
       metrics->write(obs::JsonObject()
                          .add("step", step + 1)
@@ -213,13 +217,16 @@ int train_worker_main(const std::vector<std::string>& args) {
     obs::merge_trace_parts(parts, opt.out + "/trace.json");
     for (const auto& p : parts) std::filesystem::remove(p);
     if (!opt.dump_params.empty()) dump_parameters(*model, opt.dump_params);
+    obs::write_text_file(opt.out + "/loss.svg",
+                         obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
+                                             "cross-entropy (nats/byte)", {loss_curve}));
     if (!opt.quiet && opt.sample_tokens > 0) {
       const std::string sample =
           model->generate("And God said", opt.sample_tokens, 0.8, static_cast<uint64_t>(opt.seed));
       std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());
       std::fflush(stdout);
     }
-    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl and %s/trace.json\n", opt.out.c_str(),
+    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), loss.svg\n",
                  opt.out.c_str());
   }
   (void)positional;

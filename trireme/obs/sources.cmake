@@ -2,5 +2,6 @@
 target_sources(trireme_core PRIVATE
   trireme/obs/json.cpp
   trireme/obs/metrics.cpp
+  trireme/obs/plot.cpp
   trireme/obs/progress.cpp
   trireme/obs/timeline.cpp)
