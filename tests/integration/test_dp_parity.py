@@ -12,8 +12,10 @@ import unittest
 
 from common import max_abs_diff, metrics, read_params, run, temp_dir
 
+# About 180 KB of gradients in 10 KB buckets: many buckets, launched during backward.
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "32", "--batch", "8",
-         "--steps", "3", "--lr", "1e-2", "--quiet"]
+         "--steps", "3", "--lr", "1e-2", "--quiet", "--bucket-mb", "0.01",
+         "--first-bucket-mb", "0.005"]
 TOLERANCE = 1e-5
 
 
@@ -37,12 +39,14 @@ class DataParallelParity(unittest.TestCase):
 
     def check(self, nproc, micro):
         ref_params, ref_losses, _ = self.reference
-        params, losses, _ = self.train(nproc, micro)
+        params, losses, out = self.train(nproc, micro)
         param_diff = max_abs_diff(ref_params, params)
         loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
         print(f"dp={nproc} micro-batches={micro}: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g} (3 steps, vs one process)")
         self.assertEqual(len(losses), 3)
+        if nproc > 1:
+            self.assertGreaterEqual(min(m["buckets"] for m in metrics(out)), 8)
         self.assertLessEqual(param_diff, TOLERANCE)
         self.assertLessEqual(loss_diff, TOLERANCE)
         # Training actually moved the parameters (the comparison is not vacuous).

@@ -66,16 +66,21 @@ at::Tensor input_for(int rank, int64_t rows) {
   return at::arange(rows * 8, at::kFloat).reshape({rows, 8}).mul(0.01 * (rank + 1)).sin();
 }
 
+// The ranks are threads sharing libtorch's global generator: seed and draw under a lock,
+// or their initialisations would interleave.
 Net make_net(uint64_t seed) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
   at::manual_seed(seed);
   return Net();
 }
 
 DataParallelOptions small_buckets() {
   DataParallelOptions options;
-  // A layer is 8x8 + 8 floats = 288 bytes: one bucket per layer.
-  options.buckets.cap_bytes = 300;
-  options.buckets.first_cap_bytes = 300;
+  // A layer is 8 + 8x8 floats = 32 + 256 bytes; in reverse order the bias comes first and
+  // the weight fills the bucket past the cap: one bucket per layer.
+  options.buckets.cap_bytes = 200;
+  options.buckets.first_cap_bytes = 200;
   return options;
 }
 

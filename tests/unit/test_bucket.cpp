@@ -18,19 +18,20 @@ std::vector<BucketParam> sized(std::vector<size_t> bytes, int64_t key = 0) {
 TEST(Bucket, ReverseOrderFillsToCap) {
   BucketOptions opt{/*cap=*/100, /*first_cap=*/100};
   const auto params = sized({40, 40, 40, 40, 40});
-  EXPECT_EQ(assign_buckets(params, reverse_order(5), opt), (Buckets{{4, 3}, {2, 1}, {0}}));
+  EXPECT_EQ(assign_buckets(params, reverse_order(5), opt), (Buckets{{4, 3, 2}, {1, 0}}));
 }
 
 TEST(Bucket, FirstBucketIsSmaller) {
   BucketOptions opt{/*cap=*/100, /*first_cap=*/30};
   const auto params = sized({20, 20, 20, 20, 20, 20});
-  EXPECT_EQ(assign_buckets(params, reverse_order(6), opt), (Buckets{{5}, {4, 3, 2, 1, 0}}));
+  EXPECT_EQ(assign_buckets(params, reverse_order(6), opt), (Buckets{{5, 4}, {3, 2, 1, 0}}));
 }
 
-TEST(Bucket, OversizedParameterGetsItsOwnBucket) {
+TEST(Bucket, OversizedParameterClosesItsBucket) {
   BucketOptions opt{100, 100};
   const auto params = sized({10, 500, 10});
-  EXPECT_EQ(assign_buckets(params, {0, 1, 2}, opt), (Buckets{{0}, {1}, {2}}));
+  EXPECT_EQ(assign_buckets(params, {0, 1, 2}, opt), (Buckets{{0, 1}, {2}}));
+  EXPECT_EQ(assign_buckets(params, {1, 0, 2}, opt), (Buckets{{1}, {0, 2}}));
 }
 
 TEST(Bucket, ExactFitClosesBucket) {
@@ -41,14 +42,14 @@ TEST(Bucket, ExactFitClosesBucket) {
 TEST(Bucket, ObservedOrderIsFollowed) {
   BucketOptions opt{100, 100};
   const auto params = sized({60, 60, 30, 30});
-  EXPECT_EQ(assign_buckets(params, {2, 0, 3, 1}, opt), (Buckets{{2, 0}, {3, 1}}));
+  EXPECT_EQ(assign_buckets(params, {2, 0, 3, 1}, opt), (Buckets{{2, 0, 3}, {1}}));
 }
 
 TEST(Bucket, KeysNeverMix) {
   BucketOptions opt{100, 100};
   std::vector<BucketParam> params = {{30, 0}, {30, 1}, {30, 0}, {30, 1}, {50, 0}};
-  // key 0: 0,2 then 4 overflows (30+30+50 > 100) -> {0,2} closes, {4} stays open.
-  EXPECT_EQ(assign_buckets(params, {0, 1, 2, 3, 4}, opt), (Buckets{{0, 2}, {1, 3}, {4}}));
+  // key 0: 0,2,4 reach 110 >= 100 and close; key 1 stays open with 1,3.
+  EXPECT_EQ(assign_buckets(params, {0, 1, 2, 3, 4}, opt), (Buckets{{0, 2, 4}, {1, 3}}));
 }
 
 TEST(Bucket, EveryParameterExactlyOnceAcrossSweep) {

@@ -36,13 +36,9 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketParam>& 
 
   for (size_t index : order) {
     Open& bucket = open[params[index].key];
-    if (!bucket.members.empty() && bucket.bytes + params[index].bytes > cap()) {
-      out.push_back(std::move(bucket.members));
-      bucket = Open{};
-    }
     bucket.members.push_back(index);
     bucket.bytes += params[index].bytes;
-    if (bucket.bytes >= cap()) {  // full (or one oversized parameter): close it now
+    if (bucket.bytes >= cap()) {  // reached the cap: close it now
       out.push_back(std::move(bucket.members));
       bucket = Open{};
     }

@@ -6,8 +6,10 @@
 //
 // Terms:
 //   bucket      a list of parameter indices whose gradients are flattened into one buffer
-//   cap         a bucket is closed when adding the next parameter would exceed its cap;
-//               a parameter larger than the cap gets a bucket of its own
+//   cap         parameters are added to the open bucket until its size reaches the cap,
+//               then it closes (so a bucket overshoots its cap by less than one parameter;
+//               PyTorch's compute_bucket_assignment_by_size fills buckets the same way,
+//               which keeps the benchmark's buckets equal to the peer's)
 //   first cap   the first bucket closed gets a smaller cap (default 1 MiB), so that the
 //               first all-reduce starts early in backward (PyTorch DDP does the same)
 //   key         gradients of different dtypes or devices never share a bucket; each key
