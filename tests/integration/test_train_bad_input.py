@@ -58,6 +58,16 @@ class TrainBadInput(unittest.TestCase):
     def test_heads_not_dividing_dim(self):
         self.refuse(["--nproc-per-node", "1", "--dim", "30", "--heads", "4"], "--heads")
 
+    def test_cuda_without_gpu(self):
+        # Loads the NCCL plugin (and libtorch's CUDA part), finds no GPU on this machine.
+        import shutil as _shutil
+        if _shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0:
+            self.skipTest("a GPU is present")
+        self.refuse(["--nproc-per-node", "1", "--device", "cuda"] + SMALL, "--device cuda")
+
+    def test_unknown_device(self):
+        self.refuse(["--nproc-per-node", "1", "--device", "tpu"] + SMALL, "--device tpu is not known")
+
     def test_unknown_model(self):
         out = os.path.join(temp_dir(), "run")
         proc = run(["train", "bert", "--out", out], check=False)

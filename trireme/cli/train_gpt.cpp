@@ -9,6 +9,7 @@
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/data/corpus.h"
+#include "trireme/dist/backend.h"
 
 namespace trireme::cli {
 namespace {
@@ -60,6 +61,7 @@ int train_main(const std::vector<std::string>& args) {
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
   check_output_dir(opt.out);
+  if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
 
   const launch::LaunchResult result = launch::launch(launch_options);
   if (!result.failure.empty()) std::fprintf(stderr, "trireme train: %s\n", result.failure.c_str());

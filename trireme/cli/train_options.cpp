@@ -31,11 +31,14 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("sample-tokens", &o->sample_tokens, "bytes of text generated at the end");
   p.add("log-every", &o->log_every, "progress line every N steps when not on a terminal");
   p.add("dump-params", &o->dump_params, "write the final parameters to this file");
+  p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
 
 void validate_train_options(TrainOptions* o, int world_size) {
   o->model.validate();
+  TRIREME_CHECK(o->device == "cpu" || o->device == "cuda", "--device ", o->device,
+                " is not known; use cpu or cuda");
   TRIREME_CHECK(o->steps >= 1, "--steps must be at least 1, got ", o->steps);
   TRIREME_CHECK(o->batch >= 1, "--batch must be at least 1, got ", o->batch);
   TRIREME_CHECK(o->micro_batches >= 1, "--micro-batches must be at least 1, got ",

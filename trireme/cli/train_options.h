@@ -34,6 +34,7 @@ struct TrainOptions {
   int64_t sample_tokens = 200;
   int64_t log_every = 10;    // non-terminal progress: a line every N steps
   std::string dump_params;   // write the final parameters to this file (rank 0)
+  std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
   bool quiet = false;
 };
 

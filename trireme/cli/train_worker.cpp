@@ -59,6 +59,14 @@ void dump_parameters(torch::nn::Module& module, const std::string& path) {
   TRIREME_CHECK(out.good(), "--dump-params: failed writing ", path);
 }
 
+// The GPU of this local rank; throws InvalidArgument when there is none.
+at::Device cuda_device(int local_rank) {
+  TRIREME_CHECK(at::hasCUDA() && at::getNumGPUs() > static_cast<size_t>(local_rank),
+                "--device cuda: no CUDA device for local rank ", local_rank, " (",
+                at::hasCUDA() ? at::getNumGPUs() : 0, " visible); use --device cpu");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
 struct StepTimes {
   double forward_us = 0, backward_us = 0, optimizer_us = 0, step_us = 0;
 };
@@ -85,7 +93,9 @@ int train_worker_main(const std::vector<std::string>& args) {
   add_train_flags(parser, &opt);
   const auto positional = parser.parse(args, /*allow_unknown=*/true);  // launcher flags too
 
-  dist::World world = dist::World::from_env();
+  dist::WorldOptions world_options;
+  if (opt.device == "cuda") world_options.group.backend = dist::BackendKind::kNccl;
+  dist::World world = dist::World::from_env(world_options);
   validate_train_options(&opt, world.size());
   const int rank = world.rank();
   const bool leader = rank == 0;
@@ -97,6 +107,9 @@ int train_worker_main(const std::vector<std::string>& args) {
   const dist::Mesh mesh = dist::Mesh::from_sizes(opt.dp, opt.tp, opt.pp, opt.mesh_order);
   dist::MeshGroups groups = world.mesh_groups(mesh);
   const int dp_rank = groups.coord("dp");
+  // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
+  const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
+                                                 : at::Device(at::kCPU);
   const dist::Group& dp_group = groups.axis("dp");
 
   const data::Corpus corpus =
@@ -106,6 +119,7 @@ int train_worker_main(const std::vector<std::string>& args) {
                                    static_cast<uint64_t>(opt.seed));
 
   models::Gpt model(opt.model, static_cast<uint64_t>(opt.seed));
+  model->to(device);
   parallel::DataParallelOptions dp_options;
   dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
   dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
@@ -143,10 +157,12 @@ int train_worker_main(const std::vector<std::string>& args) {
     const double step_start = obs::now_us();
     StepTimes times;
     const auto offsets = sampler.shard(step, dp_rank, opt.dp);
-    at::Tensor local_loss = at::zeros({1}, at::kDouble);
+    at::Tensor local_loss = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
     for (int64_t m = 0; m < opt.micro_batches; ++m) {
       std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);
-      const data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
+      data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
+      batch.inputs = batch.inputs.to(device, /*non_blocking=*/true);
+      batch.targets = batch.targets.to(device, /*non_blocking=*/true);
       std::optional<parallel::DataParallel::NoSync> no_sync;
       if (m + 1 < opt.micro_batches) no_sync.emplace(ddp);
 

@@ -1,6 +1,7 @@
 // Backend selection and the NCCL plugin loader; see dist/backend.h.
 #include "trireme/dist/backend.h"
 
+#include <ATen/Context.h>
 #include <dlfcn.h>
 
 #include <mutex>
@@ -22,8 +23,11 @@ Group create_group(const Store& store, int rank, int size, const GroupOptions& o
                                                : create_gloo_group(store, rank, size, options);
 }
 
-Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options) {
-  // Loaded once per process; the plugin stays loaded for the life of the process.
+namespace {
+
+// Loads libtrireme_nccl.so once per process (it stays loaded) and returns its factory, or
+// nullptr with the reason in *error.
+NcclFactory nccl_factory(std::string* error) {
   static std::once_flag once;
   static NcclFactory factory = nullptr;
   static std::string load_error;
@@ -44,9 +48,28 @@ Group create_nccl_group(const Store& store, int rank, int size, const GroupOptio
     factory = reinterpret_cast<NcclFactory>(::dlsym(handle, "trireme_create_nccl_group"));
     if (!factory) load_error = "libtrireme_nccl.so lacks trireme_create_nccl_group";
   });
-  TRIREME_CHECK(factory, "the NCCL backend is not available (", load_error,
+  *error = load_error;
+  return factory;
+}
+
+}  // namespace
+
+Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options) {
+  std::string error;
+  const NcclFactory factory = nccl_factory(&error);
+  TRIREME_CHECK(factory, "the NCCL backend is not available (", error,
                 "); build Trireme where CUDA and a CUDA libtorch are present, or use gloo");
   return factory(store, rank, size, options);
+}
+
+void require_cuda_devices(int count) {
+  std::string error;
+  TRIREME_CHECK(nccl_factory(&error), "--device cuda: the CUDA/NCCL backend is not available (",
+                error, "); use --device cpu");
+  const size_t visible = at::hasCUDA() ? at::getNumGPUs() : 0;
+  TRIREME_CHECK(visible >= static_cast<size_t>(count), "--device cuda: ", count,
+                " local ranks need ", count, " GPUs but CUDA sees ", visible,
+                "; use --device cpu or fewer --nproc-per-node");
 }
 
 }  // namespace trireme::dist

@@ -41,6 +41,10 @@ Group create_group(const Store& store, int rank, int size, const GroupOptions& o
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options);
 Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
 
+// Throws InvalidArgument unless `count` CUDA devices are usable: loads the NCCL plugin
+// (which brings libtorch's CUDA part) and asks CUDA how many devices it sees.
+void require_cuda_devices(int count);
+
 // Signature of the factory the NCCL plugin exports as "trireme_create_nccl_group".
 using NcclFactory = Group (*)(const Store&, int, int, const GroupOptions&);
 
