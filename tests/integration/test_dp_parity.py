@@ -113,6 +113,10 @@ class DataParallelParity(unittest.TestCase):
                 step_backward = [b for b in backward if b["ts"] <= e["ts"] <= b["ts"] + b["dur"]]
                 overlapped += bool(step_backward)
         print(f"all-reduces launched while backward was running: {overlapped}")
+        with open(os.path.join(out, "timeline.svg")) as f:
+            svg = f.read()
+        self.assertIn("rank 1 comm", svg)
+        self.assertGreaterEqual(svg.count("<title>allreduce"), len([e for e in events if e.get("cat") == "comm"]))
         self.assertGreaterEqual(overlapped, 1)
         self.assertTrue(all(m["buckets_overlapped"] >= 1 for m in metrics(out)[1:]))
 

@@ -7,6 +7,7 @@
 
 #include "trireme/obs/json.h"
 #include "trireme/obs/progress.h"
+#include "trireme/common/error.h"
 #include "trireme/obs/timeline.h"
 
 using namespace trireme::obs;
@@ -28,30 +29,36 @@ TEST(Progress, Formats) {
   EXPECT_EQ(format_progress(s), "step  42/200 | loss 2.4137 | 18.3k tok/s | 1.21 s/step | ETA 3m11s");
 }
 
-TEST(Timeline, WritesAndMergesParts) {
-  const std::string dir = testing::TempDir();
-  std::vector<std::string> parts;
+TEST(Timeline, SerializesAndRendersEveryRank) {
+  RankEvents ranks;
   for (int rank = 0; rank < 2; ++rank) {
     Timeline t(rank);
     t.add({"forward", "compute", Lane::kCompute, 1000.0 + rank, 50, ""});
-    t.add({"allreduce b0", "comm", Lane::kComm, 1060, 20, R"({"bytes": 64})"});
-    parts.push_back(dir + "/part" + std::to_string(rank) + ".json");
-    t.write(parts.back());
+    t.add({"allreduce bucket 0", "comm", Lane::kComm, 1060, 20, R"({"bytes": 64})"});
+    // Through the text form, as the ranks' timelines travel to rank 0.
+    ranks.push_back(Timeline::parse(t.serialize()));
   }
-  parts.push_back(dir + "/missing.json");
-  const std::string merged = dir + "/trace.json";
-  EXPECT_EQ(merge_trace_parts(parts, merged), 2);
-  std::ifstream in(merged);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
+  ASSERT_EQ(ranks[1].size(), 2u);
+  EXPECT_EQ(ranks[1][0].name, "forward");
+  EXPECT_DOUBLE_EQ(ranks[1][0].start_us, 1001.0);
+  EXPECT_EQ(ranks[1][1].lane, Lane::kComm);
+  EXPECT_EQ(ranks[1][1].args_json, R"({"bytes": 64})");
+
+  const std::string s = chrome_trace_json(ranks);
   EXPECT_NE(s.find("\"name\": \"rank 1\""), std::string::npos);
   EXPECT_NE(s.find("\"ts\": 1001.000"), std::string::npos);
   EXPECT_NE(s.find("\"args\": {\"bytes\": 64}"), std::string::npos);
-  // 2 ranks x (3 metadata + 2 events) objects
-  size_t count = 0;
+  size_t count = 0;  // 2 ranks x (3 metadata + 2 events)
   for (size_t at = s.find("\"ph\""); at != std::string::npos; at = s.find("\"ph\"", at + 1)) ++count;
   EXPECT_EQ(count, 10u);
+
+  const std::string svg = timeline_svg("steps 2-4", ranks);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("rank 1 comm"), std::string::npos);
+  size_t boxes = 0;
+  for (size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1)) ++boxes;
+  EXPECT_EQ(boxes, 4u);
+  EXPECT_THROW(Timeline::parse("1\t2\n"), trireme::InvalidArgument);
 }
 
 #include "trireme/obs/plot.h"

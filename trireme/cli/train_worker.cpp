@@ -222,16 +222,22 @@ int train_worker_main(const std::vector<std::string>& args) {
   }
   if (leader && !opt.quiet) progress.finish();
 
-  // Timeline: every rank writes its part; rank 0 merges after a barrier.
-  const std::string part = opt.out + "/trace.rank" + std::to_string(rank) + ".json";
-  timeline.write(part);
+  // Timeline: every rank publishes its events through the store; rank 0 gathers them.
+  const std::string text = timeline.serialize();
+  world.store()->set("timeline/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
   world.group()->barrier()->wait();
   if (leader) {
-    std::vector<std::string> parts;
-    for (int r = 0; r < world.size(); ++r)
-      parts.push_back(opt.out + "/trace.rank" + std::to_string(r) + ".json");
-    obs::merge_trace_parts(parts, opt.out + "/trace.json");
-    for (const auto& p : parts) std::filesystem::remove(p);
+    obs::RankEvents ranks;
+    for (int r = 0; r < world.size(); ++r) {
+      const std::vector<uint8_t> bytes = world.store()->get("timeline/" + std::to_string(r));
+      ranks.push_back(obs::Timeline::parse(std::string(bytes.begin(), bytes.end())));
+    }
+    obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
+    obs::write_text_file(opt.out + "/timeline.svg",
+                         obs::timeline_svg("trireme train gpt, steps " + std::to_string(trace_first + 1) +
+                                               "-" + std::to_string(std::min(trace_last, opt.steps)) +
+                                               ": " + mesh.describe(),
+                                           ranks));
     if (!opt.dump_params.empty()) dump_parameters(*model, opt.dump_params);
     obs::write_text_file(opt.out + "/loss.svg",
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
@@ -242,7 +248,7 @@ int train_worker_main(const std::vector<std::string>& args) {
       std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());
       std::fflush(stdout);
     }
-    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), loss.svg\n",
+    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, loss.svg\n",
                  opt.out.c_str());
   }
   (void)positional;

@@ -1,8 +1,9 @@
-// Chrome-trace writing; see obs/timeline.h for the format and lanes.
+// Timelines as Chrome traces and SVG pictures; see obs/timeline.h.
 #include "trireme/obs/timeline.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <map>
 #include <sstream>
 
 #include "trireme/common/error.h"
@@ -18,6 +19,23 @@ std::string microseconds(double us) {
   return buf;
 }
 
+std::string lane_name(Lane lane) { return lane == Lane::kComm ? "comm" : "compute"; }
+
+std::string fixed(double v, int digits = 1) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// Colours by what the span is, so a step reads at a glance.
+const char* color_of(const TraceEvent& e) {
+  if (e.lane == Lane::kComm) return "#9467bd";
+  if (e.name == "forward") return "#1f77b4";
+  if (e.name == "backward") return "#ff7f0e";
+  if (e.name == "optimizer") return "#2ca02c";
+  return "#7f7f7f";
+}
+
 }  // namespace
 
 void Timeline::add(TraceEvent event) {
@@ -25,75 +43,128 @@ void Timeline::add(TraceEvent event) {
   events_.push_back(std::move(event));
 }
 
-bool Timeline::empty() const {
+std::vector<TraceEvent> Timeline::events() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return events_.empty();
+  return events_;
 }
 
-size_t Timeline::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return events_.size();
-}
-
-std::string Timeline::events_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+std::string Timeline::serialize() const {
   std::ostringstream out;
-  auto meta = [&](const char* what, int tid, const std::string& name) {
-    out << JsonObject()
-               .add("ph", "M")
-               .add("name", what)
-               .add("pid", rank_)
-               .add("tid", tid)
-               .add_raw("args", JsonObject().add("name", name).str())
-               .str();
-  };
-  meta("process_name", 0, "rank " + std::to_string(rank_));
-  out << ",\n";
-  meta("thread_name", 0, "compute");
-  out << ",\n";
-  meta("thread_name", 1, "comm");
-  for (const auto& e : events_) {
-    JsonObject obj;
-    obj.add("ph", "X")
-        .add("name", e.name)
-        .add("cat", e.category)
-        .add("pid", rank_)
-        .add("tid", static_cast<int>(e.lane))
-        .add_raw("ts", microseconds(e.start_us))
-        .add_raw("dur", microseconds(e.duration_us));
-    if (!e.args_json.empty()) obj.add_raw("args", e.args_json);
-    out << ",\n" << obj.str();
-  }
+  for (const auto& e : events())
+    out << static_cast<int>(e.lane) << '\t' << microseconds(e.start_us) << '\t'
+        << microseconds(e.duration_us) << '\t' << e.category << '\t' << e.name << '\t'
+        << e.args_json << '\n';
   return out.str();
 }
 
-void Timeline::write(const std::string& path) const {
-  std::ofstream out(path);
-  TRIREME_CHECK(out.good(), "cannot write trace file ", path);
-  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" << events_json() << "\n]}\n";
-  TRIREME_CHECK(out.good(), "failed writing trace file ", path);
+std::vector<TraceEvent> Timeline::parse(const std::string& text) {
+  std::vector<TraceEvent> events;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    std::vector<std::string> fields;
+    std::istringstream cols(line);
+    for (std::string field; std::getline(cols, field, '\t');) fields.push_back(field);
+    if (fields.size() == 5) fields.emplace_back();  // empty args
+    TRIREME_CHECK(fields.size() == 6, "malformed timeline line: '", line, "'");
+    TraceEvent e;
+    e.lane = fields[0] == "1" ? Lane::kComm : Lane::kCompute;
+    e.start_us = std::stod(fields[1]);
+    e.duration_us = std::stod(fields[2]);
+    e.category = fields[3];
+    e.name = fields[4];
+    e.args_json = fields[5];
+    events.push_back(std::move(e));
+  }
+  return events;
 }
 
-int merge_trace_parts(const std::vector<std::string>& part_paths, const std::string& out_path) {
-  const std::string head = "\"traceEvents\": [\n";
-  std::ostringstream body;
-  int merged = 0;
-  for (const auto& path : part_paths) {
-    std::ifstream in(path);
-    if (!in.good()) continue;
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string s = text.str();
-    const auto begin = s.find(head);
-    const auto end = s.rfind("\n]}");
-    if (begin == std::string::npos || end == std::string::npos) continue;
-    body << (merged ? ",\n" : "") << s.substr(begin + head.size(), end - begin - head.size());
-    ++merged;
+std::string chrome_trace_json(const RankEvents& ranks) {
+  std::ostringstream out;
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto emit = [&](const std::string& json) {
+    out << (first ? "" : ",\n") << json;
+    first = false;
+  };
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    const int pid = static_cast<int>(rank);
+    emit(JsonObject().add("ph", "M").add("name", "process_name").add("pid", pid).add("tid", 0)
+             .add_raw("args", JsonObject().add("name", "rank " + std::to_string(rank)).str()).str());
+    for (Lane lane : {Lane::kCompute, Lane::kComm})
+      emit(JsonObject().add("ph", "M").add("name", "thread_name").add("pid", pid)
+               .add("tid", static_cast<int>(lane))
+               .add_raw("args", JsonObject().add("name", lane_name(lane)).str()).str());
+    for (const auto& e : ranks[rank]) {
+      JsonObject obj;
+      obj.add("ph", "X").add("name", e.name).add("cat", e.category).add("pid", pid)
+          .add("tid", static_cast<int>(e.lane))
+          .add_raw("ts", microseconds(e.start_us))
+          .add_raw("dur", microseconds(e.duration_us));
+      if (!e.args_json.empty()) obj.add_raw("args", e.args_json);
+      emit(obj.str());
+    }
   }
-  std::ofstream out(out_path);
-  TRIREME_CHECK(out.good(), "cannot write trace file ", out_path);
-  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" << body.str() << "\n]}\n";
-  return merged;
+  out << "\n]}\n";
+  return out.str();
+}
+
+std::string timeline_svg(const std::string& title, const RankEvents& ranks) {
+  constexpr double kLabel = 110, kRow = 22, kGap = 8, kTop = 44, kWidth = 1100, kRight = 20;
+  double t0 = 1e300, t1 = -1e300;
+  for (const auto& events : ranks)
+    for (const auto& e : events) {
+      t0 = std::min(t0, e.start_us);
+      t1 = std::max(t1, e.start_us + e.duration_us);
+    }
+  if (t0 > t1) t0 = 0, t1 = 1;
+  const double span = std::max(t1 - t0, 1.0);
+  const double plot = kWidth - kLabel - kRight;
+  const double height = kTop + ranks.size() * (2 * kRow + kGap) + 40;
+  auto x = [&](double us) { return kLabel + (us - t0) / span * plot; };
+
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << height
+      << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << kWidth / 2 << "\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">";
+  for (char c : title) svg << (c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c));
+  svg << "</text>\n";
+  // Legend.
+  const std::vector<std::pair<const char*, const char*>> legend = {
+      {"forward", "#1f77b4"}, {"backward", "#ff7f0e"}, {"optimizer", "#2ca02c"}, {"all-reduce", "#9467bd"}};
+  for (size_t i = 0; i < legend.size(); ++i)
+    svg << "<rect x=\"" << kLabel + i * 110 << "\" y=\"26\" width=\"10\" height=\"10\" fill=\""
+        << legend[i].second << "\"/><text x=\"" << kLabel + i * 110 + 14 << "\" y=\"35\">"
+        << legend[i].first << "</text>\n";
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    const double base = kTop + rank * (2 * kRow + kGap);
+    for (int lane = 0; lane < 2; ++lane) {
+      const double y = base + lane * kRow;
+      svg << "<text x=\"6\" y=\"" << y + 15 << "\">rank " << rank << " "
+          << lane_name(static_cast<Lane>(lane)) << "</text>\n"
+          << "<rect x=\"" << kLabel << "\" y=\"" << y + 2 << "\" width=\"" << plot
+          << "\" height=\"" << kRow - 4 << "\" fill=\"#f4f4f4\"/>\n";
+    }
+    for (const auto& e : ranks[rank]) {
+      const double y = base + static_cast<int>(e.lane) * kRow;
+      svg << "<rect x=\"" << fixed(x(e.start_us), 2) << "\" y=\"" << y + 3 << "\" width=\""
+          << fixed(std::max(0.5, e.duration_us / span * plot), 2) << "\" height=\"" << kRow - 6
+          << "\" fill=\"" << color_of(e) << "\" stroke=\"white\" stroke-width=\"0.3\"><title>"
+          << e.name << ": " << fixed(e.duration_us / 1e3, 2) << " ms</title></rect>\n";
+    }
+  }
+  // Time axis in milliseconds.
+  const double axis_y = kTop + ranks.size() * (2 * kRow + kGap) + 4;
+  for (int t = 0; t <= 10; ++t) {
+    const double us = t0 + span * t / 10;
+    svg << "<line x1=\"" << x(us) << "\" x2=\"" << x(us) << "\" y1=\"" << axis_y << "\" y2=\""
+        << axis_y + 5 << "\" stroke=\"#444\"/><text x=\"" << x(us) << "\" y=\"" << axis_y + 17
+        << "\" text-anchor=\"middle\">" << fixed((us - t0) / 1e3) << "</text>\n";
+  }
+  svg << "<text x=\"" << kLabel + plot / 2 << "\" y=\"" << axis_y + 32
+      << "\" text-anchor=\"middle\">milliseconds</text>\n</svg>\n";
+  return svg.str();
 }
 
 }  // namespace trireme::obs

@@ -1,12 +1,15 @@
-// Timeline: complete events ("X" phase) in the Chrome trace / Perfetto JSON format, one
-// process row (pid) per rank and one thread row (tid) per activity lane:
-//   tid 0 "compute"   forward, backward, optimizer
-//   tid 1 "comm"      each bucket's all-reduce, from launch to completion
-// Open DIR/trace.json in https://ui.perfetto.dev or chrome://tracing to see it.
+// Timeline: what each rank did when, for a few steps of a run.
 //
-// Each rank records into its own Timeline and writes a part file; rank 0 merges the parts
-// (merge_trace_parts) into one trace. Timestamps are wall-clock microseconds so the ranks
-// line up.
+// Events are complete spans on one of two activity lanes per rank:
+//   lane 0 "compute"   forward, backward, optimizer
+//   lane 1 "comm"      each bucket's all-reduce, from launch to completion
+// Each rank records into its own Timeline; the ranks' timelines are gathered on rank 0
+// (serialize()/parse() carry them through the rendezvous store, so this works across
+// machines) and written as:
+//   trace.json     Chrome trace / Perfetto JSON ("X" events, pid = rank, tid = lane):
+//                  open it in https://ui.perfetto.dev or chrome://tracing
+//   timeline.svg   the same spans as a picture, one row per rank and lane
+// Timestamps are wall-clock microseconds so that the ranks line up.
 #pragma once
 
 #include <mutex>
@@ -18,8 +21,8 @@ namespace trireme::obs {
 enum class Lane { kCompute = 0, kComm = 1 };
 
 struct TraceEvent {
-  std::string name;
-  std::string category;
+  std::string name;      // no tabs or newlines
+  std::string category;  // "compute" or "comm"
   Lane lane = Lane::kCompute;
   double start_us = 0;  // wall clock
   double duration_us = 0;
@@ -30,15 +33,15 @@ class Timeline {
  public:
   explicit Timeline(int rank) : rank_(rank) {}
 
-  // Thread-safe: communication completions are recorded from backend threads.
+  // Thread-safe: communication completions may be recorded from backend threads.
   void add(TraceEvent event);
-  bool empty() const;
-  size_t size() const;
+  std::vector<TraceEvent> events() const;
+  int rank() const { return rank_; }
 
-  // The events as a JSON array body (no brackets), with process/thread name metadata.
-  std::string events_json() const;
-  // Writes a complete trace file of this rank alone.
-  void write(const std::string& path) const;
+  // One event per line, tab-separated; parse() is its inverse. Throws InvalidArgument on a
+  // malformed line.
+  std::string serialize() const;
+  static std::vector<TraceEvent> parse(const std::string& text);
 
  private:
   int rank_;
@@ -46,8 +49,12 @@ class Timeline {
   std::vector<TraceEvent> events_;
 };
 
-// Concatenates part files written with Timeline::write into one trace at `out_path`;
-// parts that do not exist are skipped. Returns the number of parts merged.
-int merge_trace_parts(const std::vector<std::string>& part_paths, const std::string& out_path);
+// The events of every rank, index = rank.
+using RankEvents = std::vector<std::vector<TraceEvent>>;
+
+// Chrome trace JSON of all ranks.
+std::string chrome_trace_json(const RankEvents& ranks);
+// An SVG Gantt chart: one row per (rank, lane), time in milliseconds from the first event.
+std::string timeline_svg(const std::string& title, const RankEvents& ranks);
 
 }  // namespace trireme::obs
