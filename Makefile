@@ -21,7 +21,7 @@ build: deps $(BUILD)/build.ninja
 
 demo: build
 	$(BUILD)/trireme train gpt --nproc-per-node 2 --dp 2 \
-	  --layers 4 --dim 256 --heads 4 --seq 128 --batch 16 --steps 200 \
+	  --layers 4 --dim 256 --heads 4 --seq 128 --batch 16 --steps 400 \
 	  --lr 3e-3 --out $(DEMO_OUT)
 
 test: build
