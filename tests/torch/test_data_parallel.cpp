@@ -206,3 +206,30 @@ TEST(DataParallel, RebuildsBucketsFromObservedOrderAndAgrees) {
     EXPECT_EQ(flat.back() / 2, 4u);  // a parameter of `unused` (indices 8, 9)
   });
 }
+
+TEST(DataParallel, InterruptedBackwardFailsLaterStepsLoudly) {
+  run_ranks(2, [&](int rank, const trireme::dist::Group& group) {
+    Net net = make_net(7);
+    DataParallel dp(net.ptr(), group, small_buckets());
+    auto forward = [&](bool fail) {
+      at::Tensor h = at::tanh(net->layers[0]->forward(input_for(rank, 2)));
+      // Fires after the gradients of layers 3..1 are in (and their buckets launched),
+      // before layer 0's: the step is interrupted halfway, on both ranks alike.
+      if (fail) h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected"); });
+      for (int i = 1; i < 4; ++i) h = at::tanh(net->layers[i]->forward(h));
+      return h.sum();
+    };
+    EXPECT_THROW(forward(true).backward(), std::exception);
+    EXPECT_EQ(dp.steps(), 0);
+    // Every later backward refuses instead of drifting apart silently.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        forward(false).backward();
+        ADD_FAILURE() << "backward after an interrupted step did not throw";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("previous backward did not finish"), std::string::npos)
+            << e.what();
+      }
+    }
+  });
+}

@@ -2,6 +2,7 @@
 // turns library errors into a one-line message and an exit code:
 //   exit 2  bad input (InvalidArgument): the message names the problem and the fix
 //   exit 1  any other failure
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <climits>
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
   } catch (const trireme::InvalidArgument& e) {
     std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
     return 2;
+  } catch (const c10::Error& e) {  // from libtorch: its message without the C++ backtrace
+    std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(),
+                 one_line(e.what_without_backtrace()).c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
     return 1;

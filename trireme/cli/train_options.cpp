@@ -58,8 +58,9 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
                 " sequences) is not divisible by --micro-batches ", o->micro_batches,
                 "; choose --micro-batches dividing ", local);
-  TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0,
-                "--bucket-mb and --first-bucket-mb must be positive");
+  TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0 && o->bucket_mb <= 1 << 20 &&
+                    o->first_bucket_mb <= 1 << 20,
+                "--bucket-mb and --first-bucket-mb must be in (0, 1048576] MiB");
   TRIREME_CHECK(o->trace_steps >= 0 && o->sample_tokens >= 0 && o->log_every >= 1,
                 "--trace-steps and --sample-tokens must be >= 0, --log-every >= 1");
   if (o->warmup < 0) o->warmup = o->steps / 10;

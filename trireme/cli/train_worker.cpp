@@ -193,7 +193,8 @@ int train_worker_main(const std::vector<std::string>& args) {
 
     // The step's loss over the global batch: the mean of the data-parallel ranks' means.
     std::vector<at::Tensor> loss_buffer{local_loss};
-    if (opt.dp > 1) dp_group->allreduce(loss_buffer)->wait();
+    if (opt.dp > 1)
+      dist::run_collective("loss all-reduce", [&] { return dp_group->allreduce(loss_buffer); });
     const double loss = loss_buffer[0].item<double>() / opt.dp;
     times.step_us = obs::now_us() - step_start;
     elapsed_s += times.step_us / 1e6;
@@ -225,7 +226,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Timeline: every rank publishes its events through the store; rank 0 gathers them.
   const std::string text = timeline.serialize();
   world.store()->set("timeline/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
-  world.group()->barrier()->wait();
+  dist::run_collective("end-of-run barrier", [&] { return world.group()->barrier(); });
   if (leader) {
     obs::RankEvents ranks;
     for (int r = 0; r < world.size(); ++r) {
@@ -233,11 +234,12 @@ int train_worker_main(const std::vector<std::string>& args) {
       ranks.push_back(obs::Timeline::parse(std::string(bytes.begin(), bytes.end())));
     }
     obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
+    const int64_t last_traced = std::min(trace_last, opt.steps);
+    const std::string steps = last_traced > trace_first ? "steps " + std::to_string(trace_first + 1) + "-" +
+                                                              std::to_string(last_traced)
+                                                        : "no steps traced";
     obs::write_text_file(opt.out + "/timeline.svg",
-                         obs::timeline_svg("trireme train gpt, steps " + std::to_string(trace_first + 1) +
-                                               "-" + std::to_string(std::min(trace_last, opt.steps)) +
-                                               ": " + mesh.describe(),
-                                           ranks));
+                         obs::timeline_svg("trireme train gpt, " + steps + ": " + mesh.describe(), ranks));
     if (!opt.dump_params.empty()) dump_parameters(*model, opt.dump_params);
     obs::write_text_file(opt.out + "/loss.svg",
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",

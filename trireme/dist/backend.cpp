@@ -10,6 +10,31 @@
 
 namespace trireme::dist {
 
+std::string error_text(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error))
+    return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, what, " failed: ", error_text(e));
+  }
+}
+
+void run_collective(const char* what,
+                    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = issue();
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, what, " could not be issued: ", error_text(e));
+  }
+  wait_work(work, what);
+}
+
 BackendKind parse_backend(const std::string& name) {
   if (name == "gloo") return BackendKind::kGloo;
   if (name == "nccl") return BackendKind::kNccl;
@@ -40,10 +65,12 @@ NcclFactory nccl_factory(std::string* error) {
       path = dir.substr(0, dir.rfind('/') + 1) + path;
     }
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (!handle) handle = ::dlopen("libtrireme_nccl.so", RTLD_NOW | RTLD_GLOBAL);
     if (!handle) {
+      // Keep the first reason: a plugin that exists but cannot load (a missing CUDA
+      // library) says more than "not found" from the fallback search.
       load_error = ::dlerror();
-      return;
+      handle = ::dlopen("libtrireme_nccl.so", RTLD_NOW | RTLD_GLOBAL);
+      if (!handle) return;
     }
     factory = reinterpret_cast<NcclFactory>(::dlsym(handle, "trireme_create_nccl_group"));
     if (!factory) load_error = "libtrireme_nccl.so lacks trireme_create_nccl_group";

@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <string>
 
 namespace trireme::dist {
@@ -40,6 +42,16 @@ Group create_group(const Store& store, int rank, int size, const GroupOptions& o
 // Per-backend factories (dist/<backend>/backend.cpp).
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options);
 Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
+
+// The message of an exception fit for one line: c10 errors without their C++ backtrace.
+std::string error_text(const std::exception& error);
+
+// Issues a collective (or point-to-point operation) and waits for it. A failure while
+// issuing or while waiting becomes a CommError naming `what`.
+void run_collective(const char* what,
+                    const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
+// Waits for an operation already issued; failures become CommError naming `what`.
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
 
 // Throws InvalidArgument unless `count` CUDA devices are usable: loads the NCCL plugin
 // (which brings libtorch's CUDA part) and asks CUDA how many devices it sees.

@@ -25,7 +25,7 @@ Store connect_store(const WorldInfo& info, const WorldOptions& options) {
     return c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot reach the rendezvous store at ", info.master_addr, ":",
-                  info.master_port, " (", e.what(), ")");
+                  info.master_port, " (", error_text(e), ")");
   }
 }
 
@@ -70,8 +70,10 @@ Group World::new_group(const std::vector<int>& ranks, const std::string& tag) {
   const auto me = std::find(ranks.begin(), ranks.end(), rank());
   TRIREME_CHECK(me != ranks.end(), "rank ", rank(), " is not a member of group [",
                 join(ranks), "]");
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group/" + tag + "/" + join(ranks),
-                                                         store_);
+  // The counter keeps two groups of the same tag and members apart; every member creates
+  // its groups in the same order, so the counters agree.
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      "group/" + std::to_string(groups_created_++) + "/" + tag + "/" + join(ranks), store_);
   return create_group(prefixed, static_cast<int>(me - ranks.begin()),
                       static_cast<int>(ranks.size()), options_.group);
 }

@@ -52,8 +52,9 @@ class World {
 
   // The group of all ranks (created on first use).
   const Group& group();
-  // A group of `ranks` (this rank must be one of them); members call it with the same
-  // ranks and tag. The tag keeps groups of equal members apart.
+  // A group of `ranks` (this rank must be one of them). Every rank must create its groups
+  // in the same order (each group is told apart by its creation index, tag and members);
+  // the tag names the group in the store for debugging.
   Group new_group(const std::vector<int>& ranks, const std::string& tag);
   // One group per axis of `mesh` (which must cover the world).
   MeshGroups mesh_groups(const Mesh& mesh);
@@ -65,6 +66,7 @@ class World {
   WorldOptions options_;
   Store store_;  // prefixed by the generation
   Group world_group_;
+  int64_t groups_created_ = 0;
 };
 
 }  // namespace trireme::dist

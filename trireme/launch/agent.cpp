@@ -156,7 +156,8 @@ Agent::~Agent() {
   for (auto& w : workers_) {
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
-      ::waitpid(w.pid, nullptr, 0);
+      // Never block here: a worker stuck in the kernel is left to init to reap.
+      ::waitpid(w.pid, nullptr, WNOHANG);
     }
     close_stream(w, 0);
     close_stream(w, 1);

@@ -109,11 +109,19 @@ SpawnedProcess spawn_process(const std::string& executable,
   make_pipe(err);
   make_pipe(report);
   const pid_t parent = ::getpid();
+  // Block the agent's signals across fork: until the child has reset its handlers, a signal
+  // delivered to it would run the agent's handler and write to the agent's self-pipe. The
+  // child unblocks everything once its handlers are back to the defaults.
+  sigset_t handled, previous;
+  sigemptyset(&handled);
+  for (const int sig : kHandledSignals) sigaddset(&handled, sig);
+  ::sigprocmask(SIG_BLOCK, &handled, &previous);
   const pid_t pid = ::fork();
   if (pid == 0)
     exec_child(parent, executable.c_str(), argv.data(), envp.data(), out[1], err[1],
                report[1]);
   const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);

@@ -42,7 +42,9 @@ std::string format_progress(const ProgressState& state) {
 void ProgressLine::update(const ProgressState& state) {
   const std::string line = format_progress(state);
   if (live_) {
-    std::fprintf(out_, "\r%s\033[K", line.c_str());
+    // Line first, then '\r': the launcher forwards a segment when it sees its terminator,
+    // so ending with '\r' shows this update now rather than with the next one.
+    std::fprintf(out_, "%s\033[K\r", line.c_str());
     drawn_ = true;
   } else if (state.step == 1 || state.step == state.total || (every_ > 0 && state.step % every_ == 0)) {
     std::fprintf(out_, "%s\n", line.c_str());

@@ -36,7 +36,7 @@ Group create_gloo_group(const Store& store, int rank, int size, const GroupOptio
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot connect Gloo group (rank ", rank, " of ", size,
-                  "): ", e.what());
+                  "): ", error_text(e));
   }
 }
 

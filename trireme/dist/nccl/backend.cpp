@@ -15,6 +15,6 @@ extern "C" __attribute__((visibility("default"))) trireme::dist::Group trireme_c
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot create NCCL group (rank ", rank, " of ", size,
-                  "): ", e.what());
+                  "): ", trireme::dist::error_text(e));
   }
 }

@@ -3,6 +3,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -31,14 +32,6 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 int64_t bucket_key(const at::Tensor& t) {
   return static_cast<int64_t>(t.scalar_type()) * 1024 + static_cast<int64_t>(t.device().type()) * 64 +
          t.device().index() + 1;
-}
-
-void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    TRIREME_THROW(CommError, what, " failed: ", e.what());
-  }
 }
 
 }  // namespace
@@ -71,7 +64,12 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
     if (p.requires_grad()) params_.push_back(p);
   broadcast_initial_state();
   build_buckets(comm::reverse_order(params_.size()));
-  install_hooks();
+  try {
+    install_hooks();
+  } catch (...) {
+    remove_hooks();  // hooks already added capture `this`, which is about to go away
+    throw;
+  }
 }
 
 DataParallel::~DataParallel() { remove_hooks(); }
@@ -97,7 +95,7 @@ void DataParallel::broadcast_initial_state() {
       std::vector<at::Tensor> flat{at::cat(flat_parts)};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
-      wait_or_throw(group_->broadcast(flat, opts), "initial parameter broadcast");
+      dist::run_collective("initial parameter broadcast", [&] { return group_->broadcast(flat, opts); });
       int64_t offset = 0;
       for (size_t i = begin; i < end; ++i) {
         const int64_t n = tensors[i].numel();
@@ -149,6 +147,7 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
 
 void DataParallel::start_step() {
   in_step_ = true;
+  graph_task_ = torch::autograd::get_current_graph_task_id();
   current_ = StepCommStats{};
   current_.first_hook_us = obs::now_us();
   ready_.assign(params_.size(), false);
@@ -164,6 +163,16 @@ void DataParallel::start_step() {
 
 void DataParallel::on_gradient_ready(size_t param) {
   if (!sync_enabled_) return;
+  std::lock_guard<std::mutex> lock(mutex_);  // autograd runs one thread per device
+  if (!failure_.empty()) TRIREME_THROW(CommError, failure_);
+  if (in_step_ && torch::autograd::get_current_graph_task_id() != graph_task_) {
+    // The previous backward never finished (an exception interrupted it): some of its
+    // all-reduces may have been issued and others not, here and on other ranks, so the
+    // replicas can no longer be kept in step. Refuse loudly rather than drift apart.
+    failure_ = "a previous backward did not finish, so its gradient all-reduces were left "
+               "incomplete; the data-parallel group must be rebuilt (restart the job)";
+    TRIREME_THROW(CommError, failure_);
+  }
   if (!in_step_) start_step();
   if (ready_[param]) return;  // already counted (a parameter used twice)
   ready_[param] = true;
@@ -190,7 +199,12 @@ void DataParallel::launch(size_t b) {
   bucket.flat.div_(group_->getSize());
   std::vector<at::Tensor> tensors{bucket.flat};
   BucketTiming timing{static_cast<int>(b), bucket.flat.nbytes(), obs::now_us(), 0};
-  bucket.work = group_->allreduce(tensors);
+  try {
+    bucket.work = group_->allreduce(tensors);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, "gradient all-reduce of bucket ", b, " could not be issued: ",
+                  dist::error_text(e));
+  }
   bucket.launched = true;
   bucket.done_us = std::make_shared<std::atomic<double>>(0.0);
   auto done = bucket.done_us;
@@ -199,6 +213,17 @@ void DataParallel::launch(size_t b) {
 }
 
 void DataParallel::finalize() {
+  try {
+    finish_step();
+  } catch (const std::exception& e) {
+    // Buckets may be left unreduced here and reduced elsewhere: later steps cannot be
+    // trusted to line up, so every later backward fails with this message.
+    failure_ = std::string("gradient synchronisation failed: ") + dist::error_text(e);
+    throw;
+  }
+}
+
+void DataParallel::finish_step() {
   current_.backward_end_us = obs::now_us();
   at::NoGradGuard no_grad;
   // Buckets still waiting hold parameters that got no gradient in this step.
@@ -206,7 +231,7 @@ void DataParallel::finalize() {
   launch_ready_buckets();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
-    wait_or_throw(bucket.work, "gradient all-reduce");
+    dist::wait_work(bucket.work, "gradient all-reduce");
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& p = params_[bucket.params[k]];
       at::Tensor averaged = bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view_as(p);
@@ -237,14 +262,16 @@ void DataParallel::rebuild_from_observed_order() {
   for (size_t p = params_.size(); p-- > 0;)
     if (!listed[p]) order.push_back(static_cast<int64_t>(p));
   // Every rank must use the same buckets: take rank 0's observed order.
-  std::vector<at::Tensor> tensor{at::tensor(order, at::kLong)};
+  // On the parameters' device: NCCL only moves CUDA tensors.
+  std::vector<at::Tensor> tensor{at::tensor(order, at::kLong).to(params_.front().device())};
   if (group_->getSize() > 1) {
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    wait_or_throw(group_->broadcast(tensor, opts), "bucket order broadcast");
+    dist::run_collective("bucket order broadcast", [&] { return group_->broadcast(tensor, opts); });
   }
+  const at::Tensor agreed_order = tensor[0].cpu();
   std::vector<size_t> agreed(params_.size());
-  const auto* data = tensor[0].data_ptr<int64_t>();
+  const auto* data = agreed_order.data_ptr<int64_t>();
   for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<size_t>(data[i]);
   build_buckets(agreed);
 }

@@ -25,6 +25,12 @@
 //
 // A parameter that no rank gives a gradient ends the step with a zero gradient (not an
 // undefined one), the same on every rank.
+//
+// Failures are loud, never silent drift: an all-reduce that fails, or a backward that an
+// exception interrupted (leaving some buckets reduced and others not), makes this and every
+// later backward throw CommError; the job must be restarted (the agent's recovery path).
+// Move the module to its device before wrapping it: DataParallel hooks the parameters'
+// gradient accumulators, which moving the parameters replaces.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -32,6 +38,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "trireme/comm/bucket.h"
@@ -99,7 +107,8 @@ class DataParallel {
 
   // Statistics of the last synchronised backward.
   const StepCommStats& last_step() const { return last_; }
-  // Current bucket assignment (indices into module().parameters()).
+  // Current bucket assignment: indices into the module's parameters that require
+  // gradients, in module().parameters() order (frozen parameters are skipped).
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   // Number of synchronised backward passes so far.
   int64_t steps() const { return steps_; }
@@ -124,6 +133,7 @@ class DataParallel {
   void launch_ready_buckets();
   void launch(size_t bucket);
   void finalize();
+  void finish_step();
   void rebuild_from_observed_order();
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -140,6 +150,9 @@ class DataParallel {
   std::vector<size_t> ready_order_;
   size_t next_launch_ = 0;
   bool in_step_ = false;
+  int graph_task_ = -1;  // the backward pass the current step belongs to
+  std::string failure_;  // set when synchronisation broke; every later backward throws it
+  std::mutex mutex_;
   bool rebuilt_ = false;
   std::atomic<bool> sync_enabled_{true};
   int64_t steps_ = 0;
