@@ -29,8 +29,11 @@
 namespace trireme::cli {
 namespace {
 
-// Replaces bytes that are not valid UTF-8 (a sample may stop mid-character) with '?'.
+// Replaces bytes that are not valid UTF-8 (a sample may stop mid-character) and control
+// characters other than newline and tab with '?', so a sample cannot garble the terminal.
 std::string printable(std::string text) {
+  for (char& c : text)
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') || c == 0x7f) c = '?';
   size_t at = 0;
   while (at < text.size()) {
     const auto* data = reinterpret_cast<const uint8_t*>(text.data());
