@@ -2,9 +2,9 @@
 # pinned PyTorch wheel ships them (scripts/install-deps puts it in .deps/venv).
 #
 # We do not use the wheel's share/cmake/Torch: the PyPI wheel is a CUDA build, and its
-# config insists on a matching CUDA toolkit even for CPU-only use. The CPU part is two
-# libraries (libtorch_cpu, libc10); the CUDA part (libtorch_cuda, libc10_cuda) is only
-# linked by the optional NCCL backend plugin.
+# config runs the CUDA setup and links every consumer against libtorch_cuda, libc10_cuda
+# and the system toolkit's libnvrtc, even for CPU-only code. The CPU part is two libraries
+# (libtorch_cpu, libc10); the CUDA part is only linked by the optional NCCL plugin.
 #
 # Input: TRIREME_TORCH_DIR (the wheel's torch/ folder). If unset, asks TRIREME_PYTHON
 # (default: the project's .deps/venv python, then python3) where torch lives.
