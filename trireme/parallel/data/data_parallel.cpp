@@ -140,6 +140,8 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
       numel += params_[p].numel();
       bucket_of_[p] = b;
     }
+    bucket.flags_offset = numel;
+    numel += static_cast<int64_t>(bucket.params.size());  // one "has a gradient" flag each
     bucket.flat = at::zeros({numel}, params_[bucket.params.front()].options().requires_grad(false));
     buckets_.push_back(std::move(bucket));
   }
@@ -191,10 +193,12 @@ void DataParallel::launch(size_t b) {
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const at::Tensor& p = params_[bucket.params[k]];
     at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
-    if (p.grad().defined())
+    const bool has_grad = p.grad().defined();
+    if (has_grad)
       slot.copy_(p.grad().reshape(-1));
     else
       slot.zero_();
+    bucket.flat[bucket.flags_offset + static_cast<int64_t>(k)].fill_(has_grad ? 1.0 : 0.0);
   }
   bucket.flat.div_(group_->getSize());
   std::vector<at::Tensor> tensors{bucket.flat};
@@ -232,8 +236,15 @@ void DataParallel::finish_step() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     dist::wait_work(bucket.work, "gradient all-reduce");
+    const at::Tensor flags =
+        bucket.flat.narrow(0, bucket.flags_offset, static_cast<int64_t>(bucket.params.size()))
+            .to(at::kFloat)
+            .cpu();
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& p = params_[bucket.params[k]];
+      // No rank had a gradient for it: leave it undefined, as one process would, so the
+      // optimizer skips it.
+      if (flags.data_ptr<float>()[k] == 0.0f) continue;
       at::Tensor averaged = bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view_as(p);
       if (p.grad().defined())
         p.mutable_grad().copy_(averaged);

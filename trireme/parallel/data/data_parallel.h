@@ -14,17 +14,19 @@
 //      bucket order on every rank (collectives must be issued in the same order
 //      everywhere), so a bucket that is ready early waits for the ones before it.
 //   2. when autograd finishes (an engine callback queued by the first hook), buckets not
-//      yet launched -- their parameters got no gradient in this step -- are launched with
-//      zeros for the missing gradients; then every bucket is waited for and the averaged
-//      gradients are written back to param.grad().
+//      yet launched -- some parameter of theirs got no gradient in this step -- are
+//      launched with zeros for the missing gradients; then every bucket is waited for and
+//      the averaged gradients are written back to param.grad().
 //   3. after the first step the bucket assignment is rebuilt from the order in which
 //      gradients actually became ready (rank 0's order, broadcast so all ranks agree).
 //
 // Gradient accumulation: inside a `no_sync()` scope the hooks do nothing and gradients
 // accumulate locally; the first backward outside it averages the accumulated sums.
 //
-// A parameter that no rank gives a gradient ends the step with a zero gradient (not an
-// undefined one), the same on every rank.
+// Each bucket carries, after the gradients, one flag per parameter saying whether this
+// rank had a gradient for it. A parameter that no rank gives a gradient keeps an undefined
+// gradient, as it would in one process, so the optimizer skips it (no weight decay or
+// moment update); one that some ranks use gets the average, the others counting zero.
 //
 // Failures are loud, never silent drift: an all-reduce that fails, or a backward that an
 // exception interrupted (leaving some buckets reduced and others not), makes this and every
@@ -117,6 +119,7 @@ class DataParallel {
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;  // element offset of each param in `flat`
+    int64_t flags_offset = 0;      // then one element per param: 1 if it had a gradient
     at::Tensor flat;
     size_t pending = 0;
     bool launched = false;
