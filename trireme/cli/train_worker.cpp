@@ -74,6 +74,43 @@ struct StepTimes {
   double forward_us = 0, backward_us = 0, optimizer_us = 0, step_us = 0;
 };
 
+// One line of metrics.jsonl.
+obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_per_s,
+                            const StepTimes& times, const parallel::StepCommStats& comm,
+                            double grad_norm) {
+  return obs::JsonObject()
+      .add("step", step + 1)
+      .add("loss", loss)
+      .add("lr", lr)
+      .add("tokens_per_s", tokens_per_s)
+      .add("step_ms", times.step_us / 1e3)
+      .add("forward_ms", times.forward_us / 1e3)
+      .add("backward_ms", times.backward_us / 1e3)
+      .add("optimizer_ms", times.optimizer_us / 1e3)
+      .add("comm_exposed_ms", comm.exposed_us() / 1e3)
+      .add("comm_busy_ms", comm.comm_busy_us() / 1e3)
+      .add("buckets", static_cast<int64_t>(comm.buckets.size()))
+      .add("buckets_overlapped", comm.buckets_overlapped())
+      .add("grad_norm", grad_norm);
+}
+
+// Every rank publishes its timeline through the store (so this works across machines);
+// after a barrier rank 0 reads them all. Returns every rank's events on rank 0, nothing
+// elsewhere.
+obs::RankEvents gather_timelines(dist::World& world, const obs::Timeline& timeline) {
+  const std::string text = timeline.serialize();
+  world.store()->set("timeline/" + std::to_string(world.rank()),
+                     std::vector<uint8_t>(text.begin(), text.end()));
+  dist::run_collective("end-of-run barrier", [&] { return world.group()->barrier(); });
+  obs::RankEvents ranks;
+  if (world.rank() != 0) return ranks;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::vector<uint8_t> bytes = world.store()->get("timeline/" + std::to_string(r));
+    ranks.push_back(obs::Timeline::parse(std::string(bytes.begin(), bytes.end())));
+  }
+  return ranks;
+}
+
 // Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.
 struct ClockMap {
   double offset = obs::wall_us() - obs::now_us();
@@ -94,7 +131,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   FlagParser parser("trireme train");
   add_train_flags(parser, &opt);
-  const auto positional = parser.parse(args, /*allow_unknown=*/true);  // launcher flags too
+  parser.parse(args, /*allow_unknown=*/true);  // the launcher's flags are in args too
 
   dist::WorldOptions world_options;
   if (opt.device == "cuda") world_options.group.backend = dist::BackendKind::kNccl;
@@ -206,36 +243,15 @@ int train_worker_main(const std::vector<std::string>& args) {
       loss_curve.x.push_back(static_cast<double>(step + 1));
       loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
-      metrics->write(obs::JsonObject()
-                         .add("step", step + 1)
-                         .add("loss", loss)
-                         .add("lr", lr)
-                         .add("tokens_per_s", tokens_per_s)
-                         .add("step_ms", times.step_us / 1e3)
-                         .add("forward_ms", times.forward_us / 1e3)
-                         .add("backward_ms", times.backward_us / 1e3)
-                         .add("optimizer_ms", times.optimizer_us / 1e3)
-                         .add("comm_exposed_ms", comm.exposed_us() / 1e3)
-                         .add("comm_busy_ms", comm.comm_busy_us() / 1e3)
-                         .add("buckets", static_cast<int64_t>(comm.buckets.size()))
-                         .add("buckets_overlapped", comm.buckets_overlapped())
-                         .add("grad_norm", grad_norm));
+      metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm));
       if (!opt.quiet)
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1)});
     }
   }
   if (leader && !opt.quiet) progress.finish();
 
-  // Timeline: every rank publishes its events through the store; rank 0 gathers them.
-  const std::string text = timeline.serialize();
-  world.store()->set("timeline/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
-  dist::run_collective("end-of-run barrier", [&] { return world.group()->barrier(); });
+  const obs::RankEvents ranks = gather_timelines(world, timeline);
   if (leader) {
-    obs::RankEvents ranks;
-    for (int r = 0; r < world.size(); ++r) {
-      const std::vector<uint8_t> bytes = world.store()->get("timeline/" + std::to_string(r));
-      ranks.push_back(obs::Timeline::parse(std::string(bytes.begin(), bytes.end())));
-    }
     obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
     const int64_t last_traced = std::min(trace_last, opt.steps);
     const std::string steps = last_traced > trace_first ? "steps " + std::to_string(trace_first + 1) + "-" +
@@ -256,7 +272,6 @@ int train_worker_main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, loss.svg\n",
                  opt.out.c_str());
   }
-  (void)positional;
   return 0;
 }
 
