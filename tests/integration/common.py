@@ -57,3 +57,18 @@ def max_abs_diff(a, b):
 
 def temp_dir():
     return tempfile.mkdtemp(prefix="trireme-test-")
+
+
+def workers_alive(marker):
+    """PIDs of processes whose command line contains marker."""
+    alive = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    alive.append(int(pid))
+        except OSError:
+            pass
+    return alive

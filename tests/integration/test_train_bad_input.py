@@ -5,25 +5,10 @@ import socket
 import subprocess
 import unittest
 
-from common import TRIREME, run, temp_dir
+from common import run, temp_dir, workers_alive
 
 SMALL = ["--layers", "1", "--dim", "16", "--heads", "2", "--seq", "16", "--batch", "4",
          "--steps", "2", "--quiet"]
-
-
-def workers_alive(marker):
-    """PIDs of processes whose command line contains marker."""
-    alive = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    alive.append(int(pid))
-        except OSError:
-            pass
-    return alive
 
 
 class TrainBadInput(unittest.TestCase):

@@ -1,0 +1,80 @@
+"""The main job under signals and crashes (real processes, real kill -9):
+SIGTERM to `trireme train` stops every rank; a rank killed with SIGKILL makes the job
+exit non-zero within 10 s with one line naming that rank. Nothing is left running."""
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+from common import TRIREME, temp_dir, workers_alive
+
+LONG = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32", "--batch", "4",
+        "--steps", "100000", "--quiet", "--log-every", "1"]
+
+
+def start(out, nproc=2):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([TRIREME, "train", "gpt", "--nproc-per-node", str(nproc),
+                             "--out", out] + LONG, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_training(out, proc, timeout=60):
+    """Returns once rank 0 has logged a step (training is under way)."""
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early: {proc.communicate()}")
+        if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
+            return
+        time.sleep(0.05)  # polling for a condition, bounded by the deadline
+    raise AssertionError("no step logged within the deadline")
+
+
+def proc_file(pid, name):
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
+
+
+def worker_pids(out):
+    return [p for p in workers_alive(out) if b"__train-worker" in proc_file(p, "cmdline")]
+
+
+class TrainSignals(unittest.TestCase):
+    def test_sigterm_stops_every_rank(self):
+        out = os.path.join(temp_dir(), "run")
+        proc = start(out)
+        wait_for_training(out, proc)
+        self.assertEqual(len(worker_pids(out)), 2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        print(f"SIGTERM: exit {proc.returncode} after {time.monotonic() - t0:.2f} s: {err.strip().splitlines()[-1]}")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertEqual(workers_alive(out), [], "ranks left running after SIGTERM")
+
+    def test_killed_rank_stops_the_job_within_10s(self):
+        out = os.path.join(temp_dir(), "run")
+        proc = start(out)
+        wait_for_training(out, proc)
+        pids = worker_pids(out)
+        self.assertEqual(len(pids), 2)
+        # Find rank 1 by its environment.
+        victim = next(p for p in pids if b"\0RANK=1\0" in b"\0" + proc_file(p, "environ"))
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+        last = err.strip().splitlines()[-1]
+        print(f"kill -9 rank 1: exit {proc.returncode} after {elapsed:.2f} s: {last}")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertLess(elapsed, 10.0)
+        self.assertIn("rank 1", last)
+        self.assertIn("signal 9", last)
+        self.assertEqual(workers_alive(out), [], "ranks left running after a crash")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
