@@ -1,7 +1,9 @@
 """Shared helpers for the integration tests: where the binaries are, running the CLI with
 a deadline, reading metrics and parameter dumps. The tests run real processes."""
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -56,7 +58,10 @@ def max_abs_diff(a, b):
 
 
 def temp_dir():
-    return tempfile.mkdtemp(prefix="trireme-test-")
+    """A fresh directory, removed when the test process exits."""
+    path = tempfile.mkdtemp(prefix="trireme-test-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def workers_alive(marker):
