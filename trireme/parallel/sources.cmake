@@ -1,4 +1,6 @@
 # parallel/: data/ (DataParallel; later ZeRO), tensor/ and pipeline/ in later work.
 target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
 # pipeline/: schedules as data (pure).
-target_sources(trireme_core PRIVATE trireme/parallel/pipeline/schedule.cpp)
+target_sources(trireme_core PRIVATE
+  trireme/parallel/pipeline/partition.cpp
+  trireme/parallel/pipeline/schedule.cpp)
