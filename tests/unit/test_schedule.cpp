@@ -220,3 +220,25 @@ TEST(Schedule, RefusesInvalidCombinations) {
     EXPECT_NE(std::string(e.what()).find("multiple of --pp 4"), std::string::npos) << e.what();
   }
 }
+
+#include "trireme/parallel/pipeline/picture.h"
+
+TEST(SchedulePicture, TableEventsAndBubble) {
+  const ScheduleSpec one_f_one_b{ScheduleKind::kOneFOneB, 4, 8, 1};
+  EXPECT_NEAR(bubble_fraction(one_f_one_b), 3.0 / 11.0, 1e-12);  // (p-1)/(m+p-1)
+  const std::string table = schedule_table(one_f_one_b);
+  EXPECT_NE(table.find("22 steps (closed form 22)"), std::string::npos) << table;
+  EXPECT_NE(table.find("stage 3 |.   .   .   F0  B0  F1  B1"), std::string::npos) << table;
+  const ScheduleSpec zb{ScheduleKind::kZbH1, 4, 8, 1};
+  EXPECT_LT(bubble_fraction(zb), bubble_fraction(one_f_one_b) / 2);
+  const auto events = schedule_events(zb);
+  ASSERT_EQ(events.size(), 4u);
+  for (const auto& stage : events) {
+    int compute = 0;
+    for (const auto& e : stage) compute += e.lane == trireme::obs::Lane::kCompute;
+    EXPECT_EQ(compute, 3 * 8);  // F, B and W of every micro-batch
+  }
+  const std::string svg = trireme::obs::timeline_svg("zb-h1 <4>", events);
+  EXPECT_EQ(svg.find("<-"), std::string::npos);  // instruction names are escaped
+  EXPECT_NE(svg.find("zb-h1 &lt;4&gt;"), std::string::npos);
+}

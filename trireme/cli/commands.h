@@ -14,6 +14,9 @@ int run_main(const std::vector<std::string>& args);
 // binary as `trireme __train-worker gpt ...`) through the launcher.
 int train_main(const std::vector<std::string>& args);
 
+// trireme schedule --schedule S --pp P --micro-batches M [--chunks V] [--out FILE.svg]
+int schedule_main(const std::vector<std::string>& args);
+
 // The per-rank body of `trireme train gpt`, run inside a launched worker.
 int train_worker_main(const std::vector<std::string>& args);
 

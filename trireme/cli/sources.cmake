@@ -4,6 +4,7 @@ target_sources(trireme_core PRIVATE trireme/cli/flags.cpp trireme/cli/train_opti
 target_sources(trireme_cli PRIVATE
   trireme/cli/main.cpp
   trireme/cli/run.cpp
+  trireme/cli/schedule.cpp
   trireme/cli/launch_flags.cpp
   trireme/cli/train_gpt.cpp
   trireme/cli/train_worker.cpp)

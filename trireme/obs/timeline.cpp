@@ -28,10 +28,24 @@ std::string fixed(double v, int digits = 1) {
 }
 
 // Colours by what the span is, so a step reads at a glance.
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+// Pipeline instructions are named "F m3 c0", "B m3 c0", "Bi ...", "W ...".
 const char* color_of(const TraceEvent& e) {
+  auto starts = [&](const char* prefix) { return e.name.rfind(prefix, 0) == 0; };
   if (e.lane == Lane::kComm) return "#9467bd";
-  if (e.name == "forward") return "#1f77b4";
-  if (e.name == "backward") return "#ff7f0e";
+  if (e.name == "forward" || starts("F ")) return "#1f77b4";
+  if (e.name == "backward" || starts("B ") || starts("Bi ")) return "#ff7f0e";
+  if (starts("W ")) return "#17becf";
   if (e.name == "optimizer") return "#2ca02c";
   return "#7f7f7f";
 }
@@ -128,14 +142,14 @@ std::string timeline_svg(const std::string& title, const RankEvents& ranks) {
       << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kWidth / 2 << "\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">";
-  for (char c : title) svg << (c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c));
-  svg << "</text>\n";
+  svg << xml_escape(title) << "</text>\n";
   // Legend.
   const std::vector<std::pair<const char*, const char*>> legend = {
-      {"forward", "#1f77b4"}, {"backward", "#ff7f0e"}, {"optimizer", "#2ca02c"}, {"all-reduce", "#9467bd"}};
+      {"forward", "#1f77b4"}, {"backward (input)", "#ff7f0e"}, {"backward (weights)", "#17becf"},
+      {"optimizer", "#2ca02c"}, {"communication", "#9467bd"}};
   for (size_t i = 0; i < legend.size(); ++i)
-    svg << "<rect x=\"" << kLabel + i * 110 << "\" y=\"26\" width=\"10\" height=\"10\" fill=\""
-        << legend[i].second << "\"/><text x=\"" << kLabel + i * 110 + 14 << "\" y=\"35\">"
+    svg << "<rect x=\"" << kLabel + i * 140 << "\" y=\"26\" width=\"10\" height=\"10\" fill=\""
+        << legend[i].second << "\"/><text x=\"" << kLabel + i * 140 + 14 << "\" y=\"35\">"
         << legend[i].first << "</text>\n";
   for (size_t rank = 0; rank < ranks.size(); ++rank) {
     const double base = kTop + rank * (2 * kRow + kGap);
@@ -151,7 +165,11 @@ std::string timeline_svg(const std::string& title, const RankEvents& ranks) {
       svg << "<rect x=\"" << fixed(x(e.start_us), 2) << "\" y=\"" << y + 3 << "\" width=\""
           << fixed(std::max(0.5, e.duration_us / span * plot), 2) << "\" height=\"" << kRow - 6
           << "\" fill=\"" << color_of(e) << "\" stroke=\"white\" stroke-width=\"0.3\"><title>"
-          << e.name << ": " << fixed(e.duration_us / 1e3, 2) << " ms</title></rect>\n";
+          << xml_escape(e.name) << ": " << fixed(e.duration_us / 1e3, 2) << " ms</title></rect>\n";
+      const double width = e.duration_us / span * plot;
+      if (!e.label.empty() && width >= 7.0 * e.label.size())
+        svg << "<text x=\"" << fixed(x(e.start_us) + width / 2, 2) << "\" y=\"" << y + 15
+            << "\" text-anchor=\"middle\" fill=\"white\" font-size=\"10\">" << xml_escape(e.label) << "</text>\n";
     }
   }
   // Time axis in milliseconds.

@@ -27,6 +27,7 @@ struct TraceEvent {
   double start_us = 0;  // wall clock
   double duration_us = 0;
   std::string args_json;  // optional JSON object of extra fields, e.g. {"bytes": 1024}
+  std::string label;      // optional short text drawn inside the box in timeline.svg
 };
 
 class Timeline {

@@ -3,4 +3,5 @@ target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
 # pipeline/: schedules as data (pure).
 target_sources(trireme_core PRIVATE
   trireme/parallel/pipeline/partition.cpp
+  trireme/parallel/pipeline/picture.cpp
   trireme/parallel/pipeline/schedule.cpp)
