@@ -5,3 +5,4 @@ target_sources(trireme_core PRIVATE
   trireme/parallel/pipeline/partition.cpp
   trireme/parallel/pipeline/picture.cpp
   trireme/parallel/pipeline/schedule.cpp)
+target_sources(trireme PRIVATE trireme/parallel/pipeline/executor.cpp)
