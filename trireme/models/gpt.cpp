@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trireme/common/error.h"
+#include "trireme/parallel/pipeline/deferred_linear.h"
 
 namespace trireme::models {
 namespace {
@@ -66,14 +67,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t D = C / heads_;
-  std::vector<at::Tensor> parts = qkv->forward(x).split(C, /*dim=*/2);  // 3 x (B,T,C)
+  // Linear layers go through deferred_linear so that zero-bubble schedules can run their
+  // weight gradients later (parallel/pipeline/deferred_linear.h); otherwise it is at::linear.
+  std::vector<at::Tensor> parts =
+      pipeline::deferred_linear(x, qkv->weight, qkv->bias).split(C, /*dim=*/2);  // 3 x (B,T,C)
   at::Tensor q = parts[0].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor k = parts[1].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor v = parts[2].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? dropout_ : 0.0,
                                                   /*is_causal=*/true);  // (B,H,T,D)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                   // (B,T,C)
-  return maybe_dropout(proj->forward(y), dropout_, is_training());
+  return maybe_dropout(pipeline::deferred_linear(y, proj->weight, proj->bias), dropout_, is_training());
 }
 
 MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
@@ -83,8 +87,8 @@ MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  at::Tensor hidden = at::gelu(fc->forward(x), "tanh");  // (B,T,R*C)
-  return maybe_dropout(proj->forward(hidden), dropout_, is_training());  // (B,T,C)
+  at::Tensor hidden = at::gelu(pipeline::deferred_linear(x, fc->weight, fc->bias), "tanh");  // (B,T,R*C)
+  return maybe_dropout(pipeline::deferred_linear(hidden, proj->weight, proj->bias), dropout_, is_training());  // (B,T,C)
 }
 
 BlockImpl::BlockImpl(const GptConfig& config) {
@@ -143,7 +147,7 @@ at::Tensor GptImpl::forward(const at::Tensor& idx) {
   at::Tensor x = wte->forward(idx) + wpe->forward(pos);                          // (B,T,C)
   x = maybe_dropout(x, config_.dropout, is_training());
   for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);           // (B,T,C)
-  return head->forward(ln_f->forward(x));                                        // (B,T,V)
+  return pipeline::deferred_linear(ln_f->forward(x), head->weight, at::Tensor());  // (B,T,V)
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

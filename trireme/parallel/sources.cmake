@@ -5,4 +5,6 @@ target_sources(trireme_core PRIVATE
   trireme/parallel/pipeline/partition.cpp
   trireme/parallel/pipeline/picture.cpp
   trireme/parallel/pipeline/schedule.cpp)
-target_sources(trireme PRIVATE trireme/parallel/pipeline/executor.cpp)
+target_sources(trireme PRIVATE
+  trireme/parallel/pipeline/deferred_linear.cpp
+  trireme/parallel/pipeline/executor.cpp)

@@ -1,6 +1,8 @@
 // StageExecutor; see parallel/pipeline/executor.h.
 #include "trireme/parallel/pipeline/executor.h"
 
+#include <optional>
+
 #include "trireme/common/error.h"
 
 namespace trireme::pipeline {
@@ -16,9 +18,6 @@ StageExecutor::StageExecutor(ScheduleSpec spec, int stage, std::vector<PartForwa
       schedule_(build_schedule(spec)) {
   TRIREME_CHECK(static_cast<int>(parts_.size()) == spec_.chunks, "stage ", stage_, " has ",
                 parts_.size(), " model parts but the schedule uses ", spec_.chunks, " chunks");
-  TRIREME_CHECK(spec_.kind != ScheduleKind::kZbH1,
-                "--schedule zb-h1 needs the split backward, which is not available yet; use "
-                "gpipe, 1f1b or interleaved");
   TRIREME_CHECK(spec_.stages > 1 || spec_.chunks == 1,
                 "--chunks needs at least two pipeline stages (--pp 2 or more)");
   TRIREME_CHECK(!group_ || group_->getSize() == spec_.stages, "the pipeline group has ",
@@ -68,11 +67,15 @@ void StageExecutor::execute(const Instruction& instruction,
     }
   } else if (const auto* b = std::get_if<BackwardInput>(&instruction)) {
     Slot& slot = slots_[{b->micro, b->chunk}];
+    std::optional<DeferWeightGrads> defer;
+    if (!b->with_weights) defer.emplace(slot.weight_grads);
     if (virtual_stage(b->chunk) == last)
       slot.output.backward();
     else
       slot.output.backward(slot.output_grad);
     slot.output = at::Tensor();  // frees this micro-batch's graph
+  } else if (const auto* w = std::get_if<BackwardWeight>(&instruction)) {
+    slots_[{w->micro, w->chunk}].weight_grads.run_all();
   } else if (const auto* x = std::get_if<SendActivation>(&instruction)) {
     at::Tensor out = slots_[{x->micro, x->chunk}].output.detach().contiguous();
     std::vector<at::Tensor> tensors{out};

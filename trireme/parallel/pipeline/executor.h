@@ -12,8 +12,9 @@
 //   recv-grad  receive the gradient of this part's output
 //   reduce     the caller's data-parallel gradient reduction
 // Activation shape and dtype are agreed once per run (every activation between parts has
-// the same shape: micro-batch x sequence x width for the GPT). Split backward (B then W,
-// for zb-h1) is not implemented yet and is refused.
+// the same shape: micro-batch x sequence x width for the GPT). For zb-h1, B runs with the
+// linear layers' weight gradients deferred (deferred_linear.h) into the micro-batch's
+// queue, and W runs that queue.
 #pragma once
 
 #include <functional>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "trireme/dist/backend.h"
+#include "trireme/parallel/pipeline/deferred_linear.h"
 #include "trireme/parallel/pipeline/schedule.h"
 
 namespace trireme::pipeline {
@@ -57,6 +59,7 @@ class StageExecutor {
  private:
   struct Slot {
     at::Tensor input, output, output_grad;
+    WeightGradQueue weight_grads;  // zb-h1: filled by B, run by W
   };
   void execute(const Instruction& instruction, const std::vector<MicroBatch>& micro_batches,
                const std::function<void()>& reduce_gradients, double* loss_sum);
