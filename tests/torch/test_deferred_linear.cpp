@@ -51,3 +51,17 @@ TEST(DeferredLinear, WeightGradientsWaitForTheQueue) {
   queue.run_all();
   EXPECT_TRUE(at::allclose(ref.w.grad() * 2, c.w.grad(), 1e-5, 1e-5));
 }
+
+TEST(DeferredLinear, WithoutBias) {
+  Case ref = make_case(), c = make_case();
+  at::linear(ref.x, ref.w).sum().backward();
+  WeightGradQueue queue;
+  {
+    DeferWeightGrads defer(queue);
+    deferred_linear(c.x, c.w, at::Tensor()).sum().backward();
+  }
+  EXPECT_FALSE(c.w.grad().defined());
+  queue.run_all();
+  EXPECT_TRUE(at::allclose(ref.w.grad(), c.w.grad(), 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(ref.x.grad(), c.x.grad(), 1e-6, 1e-6));
+}

@@ -15,6 +15,7 @@
 #include "trireme/data/sampler.h"
 #include "trireme/dist/world.h"
 #include "trireme/models/gpt.h"
+#include "trireme/parallel/pipeline/deferred_linear.h"
 #include "trireme/parallel/pipeline/executor.h"
 #include "trireme/parallel/pipeline/partition.h"
 
@@ -53,7 +54,9 @@ int main(int argc, char** argv) {
     layer_forward.push_back([block](const at::Tensor& x) { return block->forward(x); });
   }
   layer_modules.push_back({model->ln_f.get(), model->head.get()});
-  layer_forward.push_back([&](const at::Tensor& x) { return model->head->forward(model->ln_f->forward(x)); });
+  layer_forward.push_back([&](const at::Tensor& x) {
+    return pipeline::deferred_linear(model->ln_f->forward(x), model->head->weight, at::Tensor());
+  });
   std::vector<double> costs;
   for (const auto& modules : layer_modules) {
     double n = 0;

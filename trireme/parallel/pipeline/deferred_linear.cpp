@@ -18,6 +18,30 @@ void accumulate(const at::Tensor& param, const at::Tensor& value) {
     grad = value;
 }
 
+// The backward of x W^T (+ b): the input gradient now; the weight (and bias) gradients now,
+// or queued when a DeferWeightGrads scope is active.
+torch::autograd::variable_list linear_backward(const at::Tensor& x, const at::Tensor& weight,
+                                               const at::Tensor& bias, const at::Tensor& grad_out) {
+  const at::Tensor grad_x = at::matmul(grad_out, weight);  // (..., in)
+  // Weight gradients from the flattened batch: (out, N) x (N, in).
+  auto weight_grads = [x, grad_out, bias] {
+    at::NoGradGuard no_grad;
+    const at::Tensor g2 = grad_out.reshape({-1, grad_out.size(-1)});
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    return std::make_pair(g2.t().mm(x2), bias.defined() ? g2.sum(0) : at::Tensor());
+  };
+  if (current_queue) {
+    current_queue->push([weight_grads, weight, bias] {
+      const auto [grad_weight, grad_bias] = weight_grads();
+      accumulate(weight, grad_weight);
+      if (bias.defined()) accumulate(bias, grad_bias);
+    });
+    return {grad_x, at::Tensor(), at::Tensor()};
+  }
+  const auto [grad_weight, grad_bias] = weight_grads();
+  return {grad_x, grad_weight, grad_bias};
+}
+
 struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& bias) {
@@ -26,32 +50,27 @@ struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
     ctx->saved_data["bias"] = bias;
     return at::linear(x, weight, bias);
   }
-
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const at::Tensor x = ctx->saved_data["x"].toTensor();
-    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const at::Tensor bias = ctx->saved_data["bias"].toOptional<at::Tensor>().value_or(at::Tensor());
-    const at::Tensor grad_out = grads[0];
-    const at::Tensor grad_x = at::matmul(grad_out, weight);  // (..., in)
-    // Weight gradients from the flattened batch: (out, N) x (N, in).
-    auto weight_grads = [x, grad_out, weight, bias] {
-      at::NoGradGuard no_grad;
-      const at::Tensor g2 = grad_out.reshape({-1, grad_out.size(-1)});
-      const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-      std::vector<at::Tensor> out{g2.t().mm(x2), bias.defined() ? g2.sum(0) : at::Tensor()};
-      return out;
-    };
-    if (current_queue) {
-      current_queue->push([weight_grads, weight, bias] {
-        const auto g = weight_grads();
-        accumulate(weight, g[0]);
-        if (bias.defined()) accumulate(bias, g[1]);
-      });
-      return {grad_x, at::Tensor(), at::Tensor()};
-    }
-    const auto g = weight_grads();
-    return {grad_x, g[0], g[1]};
+    return linear_backward(ctx->saved_data["x"].toTensor(), ctx->saved_data["weight"].toTensor(),
+                           ctx->saved_data["bias"].toTensor(), grads[0]);
+  }
+};
+
+// The same without a bias (autograd functions take no undefined tensor inputs).
+struct DeferredLinearNoBias : torch::autograd::Function<DeferredLinearNoBias> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight) {
+    ctx->saved_data["x"] = x;
+    ctx->saved_data["weight"] = weight;
+    return at::linear(x, weight);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto out = linear_backward(ctx->saved_data["x"].toTensor(), ctx->saved_data["weight"].toTensor(),
+                               at::Tensor(), grads[0]);
+    out.pop_back();
+    return out;
   }
 };
 
@@ -70,7 +89,8 @@ DeferWeightGrads::DeferWeightGrads(WeightGradQueue& queue) : previous_(current_q
 DeferWeightGrads::~DeferWeightGrads() { current_queue = previous_; }
 
 at::Tensor deferred_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return DeferredLinear::apply(x, weight, bias);
+  return bias.defined() ? DeferredLinear::apply(x, weight, bias)
+                        : DeferredLinearNoBias::apply(x, weight);
 }
 
 }  // namespace trireme::pipeline
