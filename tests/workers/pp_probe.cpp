@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   config.layers = 4, config.dim = 32, config.heads = 2, config.seq_len = 16;
   const int64_t batch = 8, steps = 3;
   models::Gpt model(config, /*seed=*/7);
+  model->set_split_backward(spec.kind == pipeline::ScheduleKind::kZbH1);
 
   // The layer list and its parts (balanced by parameter count).
   std::vector<std::vector<torch::nn::Module*>> layer_modules;
@@ -54,8 +55,10 @@ int main(int argc, char** argv) {
     layer_forward.push_back([block](const at::Tensor& x) { return block->forward(x); });
   }
   layer_modules.push_back({model->ln_f.get(), model->head.get()});
-  layer_forward.push_back([&](const at::Tensor& x) {
-    return pipeline::deferred_linear(model->ln_f->forward(x), model->head->weight, at::Tensor());
+  const bool split = spec.kind == pipeline::ScheduleKind::kZbH1;
+  layer_forward.push_back([&, split](const at::Tensor& x) {
+    const at::Tensor h = model->ln_f->forward(x);
+    return split ? pipeline::deferred_linear(h, model->head->weight, at::Tensor()) : model->head->forward(h);
   });
   std::vector<double> costs;
   for (const auto& modules : layer_modules) {

@@ -14,6 +14,13 @@
 namespace trireme::models {
 namespace {
 
+// A linear layer; with split_backward its weight gradient may be deferred to a later W
+// step (zero-bubble schedules, parallel/pipeline/deferred_linear.h), otherwise at::linear.
+at::Tensor linear(const at::Tensor& x, torch::nn::Linear& layer, bool split_backward) {
+  return split_backward ? pipeline::deferred_linear(x, layer->weight, layer->bias)
+                        : layer->forward(x);
+}
+
 // Standard deviation of the normal initialisation (GPT-2).
 constexpr double kInitStd = 0.02;
 
@@ -67,17 +74,14 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t D = C / heads_;
-  // Linear layers go through deferred_linear so that zero-bubble schedules can run their
-  // weight gradients later (parallel/pipeline/deferred_linear.h); otherwise it is at::linear.
-  std::vector<at::Tensor> parts =
-      pipeline::deferred_linear(x, qkv->weight, qkv->bias).split(C, /*dim=*/2);  // 3 x (B,T,C)
+  std::vector<at::Tensor> parts = linear(x, qkv, split_backward).split(C, /*dim=*/2);  // 3 x (B,T,C)
   at::Tensor q = parts[0].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor k = parts[1].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor v = parts[2].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? dropout_ : 0.0,
                                                   /*is_causal=*/true);  // (B,H,T,D)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                   // (B,T,C)
-  return maybe_dropout(pipeline::deferred_linear(y, proj->weight, proj->bias), dropout_, is_training());
+  return maybe_dropout(linear(y, proj, split_backward), dropout_, is_training());
 }
 
 MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
@@ -87,8 +91,8 @@ MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  at::Tensor hidden = at::gelu(pipeline::deferred_linear(x, fc->weight, fc->bias), "tanh");  // (B,T,R*C)
-  return maybe_dropout(pipeline::deferred_linear(hidden, proj->weight, proj->bias), dropout_, is_training());  // (B,T,C)
+  at::Tensor hidden = at::gelu(linear(x, fc, split_backward), "tanh");  // (B,T,R*C)
+  return maybe_dropout(linear(hidden, proj, split_backward), dropout_, is_training());  // (B,T,C)
 }
 
 BlockImpl::BlockImpl(const GptConfig& config) {
@@ -147,7 +151,7 @@ at::Tensor GptImpl::forward(const at::Tensor& idx) {
   at::Tensor x = wte->forward(idx) + wpe->forward(pos);                          // (B,T,C)
   x = maybe_dropout(x, config_.dropout, is_training());
   for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);           // (B,T,C)
-  return pipeline::deferred_linear(ln_f->forward(x), head->weight, at::Tensor());  // (B,T,V)
+  return linear(ln_f->forward(x), head, split_backward_);  // (B,T,V)
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
@@ -193,6 +197,15 @@ int64_t GptImpl::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();
   return n;
+}
+
+void GptImpl::set_split_backward(bool split) {
+  split_backward_ = split;
+  for (const auto& block : *h) {
+    auto* b = block->as<BlockImpl>();
+    b->attn->split_backward = split;
+    b->mlp->split_backward = split;
+  }
 }
 
 }  // namespace trireme::models

@@ -32,6 +32,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear qkv{nullptr};   // C -> 3C
   torch::nn::Linear proj{nullptr};  // C -> C, residual projection
+  bool split_backward = false;      // see GptImpl::set_split_backward
 
  private:
   int64_t heads_;
@@ -46,6 +47,7 @@ class MlpImpl : public torch::nn::Module {
 
   torch::nn::Linear fc{nullptr};    // C -> R*C
   torch::nn::Linear proj{nullptr};  // R*C -> C, residual projection
+  bool split_backward = false;      // see GptImpl::set_split_backward
 
  private:
   double dropout_;
@@ -85,6 +87,10 @@ class GptImpl : public torch::nn::Module {
 
   int64_t num_parameters() const;
   const GptConfig& config() const { return config_; }
+  // Routes every linear layer through pipeline::deferred_linear, so that a zero-bubble
+  // schedule can run the weight-gradient half of backward later. Off by default: then the
+  // layers are plain at::linear.
+  void set_split_backward(bool split);
 
   torch::nn::Embedding wte{nullptr};  // (V,C)
   torch::nn::Embedding wpe{nullptr};  // (seq_len,C)
@@ -96,6 +102,7 @@ class GptImpl : public torch::nn::Module {
   void init_parameters(uint64_t seed);
 
   GptConfig config_;
+  bool split_backward_ = false;
 };
 TORCH_MODULE(Gpt);
 
