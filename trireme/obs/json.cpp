@@ -27,6 +27,17 @@ std::string json_escape(const std::string& text) {
   return out + "\"";
 }
 
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
 std::string json_number(double value) {
   if (!std::isfinite(value)) return "null";  // JSON has no NaN/Inf
   char buf[32];

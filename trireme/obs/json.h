@@ -29,6 +29,8 @@ class JsonObject {
 };
 
 std::string json_escape(const std::string& text);
+// Escapes <, > and & for text inside SVG/XML elements.
+std::string xml_escape(const std::string& text);
 std::string json_number(double value);
 
 }  // namespace trireme::obs

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "trireme/common/error.h"
+#include "trireme/obs/json.h"
 
 namespace trireme::obs {
 namespace {
@@ -15,17 +16,6 @@ namespace {
 constexpr double kWidth = 720, kHeight = 420;
 constexpr double kLeft = 70, kRight = 20, kTop = 40, kBottom = 50;
 const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
-  }
-  return out;
-}
 
 std::string number(double v) {
   char buf[32];
@@ -58,7 +48,7 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
       << kHeight << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
-      << escape(title) << "</text>\n"
+      << xml_escape(title) << "</text>\n"
       << "<rect x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << pw << "\" height=\"" << ph
       << "\" fill=\"none\" stroke=\"#444\"/>\n";
   for (int t = 0; t <= 4; ++t) {  // grid and tick labels
@@ -71,9 +61,9 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
         << number(fx) << "</text>\n";
   }
   svg << "<text x=\"" << kLeft + pw / 2 << "\" y=\"" << kHeight - 10 << "\" text-anchor=\"middle\">"
-      << escape(x_label) << "</text>\n"
+      << xml_escape(x_label) << "</text>\n"
       << "<text transform=\"translate(16," << kTop + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
-      << escape(y_label) << "</text>\n";
+      << xml_escape(y_label) << "</text>\n";
   for (size_t k = 0; k < series.size(); ++k) {
     const auto& s = series[k];
     const char* color = kColors[k % 4];
@@ -81,7 +71,7 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i)
       if (std::isfinite(s.y[i])) svg << number(px(s.x[i])) << "," << number(py(s.y[i])) << " ";
     svg << "\"/>\n<text x=\"" << kLeft + pw - 8 << "\" y=\"" << kTop + 16 + 16 * k
-        << "\" text-anchor=\"end\" fill=\"" << color << "\">" << escape(s.label) << "</text>\n";
+        << "\" text-anchor=\"end\" fill=\"" << color << "\">" << xml_escape(s.label) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();

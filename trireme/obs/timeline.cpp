@@ -28,17 +28,6 @@ std::string fixed(double v, int digits = 1) {
 }
 
 // Colours by what the span is, so a step reads at a glance.
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
-  }
-  return out;
-}
-
 // Pipeline instructions are named "F m3 c0", "B m3 c0", "Bi ...", "W ...".
 const char* color_of(const TraceEvent& e) {
   auto starts = [&](const char* prefix) { return e.name.rfind(prefix, 0) == 0; };
