@@ -15,6 +15,7 @@
 #include "trireme/data/sampler.h"
 #include "trireme/dist/world.h"
 #include "trireme/models/gpt.h"
+#include "trireme/obs/param_dump.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 #include "trireme/parallel/pipeline/executor.h"
 #include "trireme/parallel/pipeline/partition.h"
@@ -119,18 +120,11 @@ int main(int argc, char** argv) {
     optimizer.step();
     optimizer.zero_grad();
   }
-  if (dp_rank == 0) {  // one copy of each stage's parameters: u32 name length, name, u64 count, floats
-    std::ofstream dump(out + ".params.stage" + std::to_string(stage), std::ios::binary);
-    for (const auto& item : model->named_parameters()) {
-      if (!mine.count(item.value().unsafeGetTensorImpl())) continue;
-      const at::Tensor v = item.value().detach().contiguous();
-      const uint32_t n = static_cast<uint32_t>(item.key().size());
-      const uint64_t count = static_cast<uint64_t>(v.numel());
-      dump.write(reinterpret_cast<const char*>(&n), sizeof(n));
-      dump.write(item.key().data(), n);
-      dump.write(reinterpret_cast<const char*>(&count), sizeof(count));
-      dump.write(reinterpret_cast<const char*>(v.data_ptr<float>()), count * sizeof(float));
-    }
+  if (dp_rank == 0) {  // one copy of each stage's parameters
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& item : model->named_parameters())
+      if (mine.count(item.value().unsafeGetTensorImpl())) named.emplace_back(item.key(), item.value());
+    obs::write_parameter_dump(out + ".params.stage" + std::to_string(stage), named);
   }
   return 0;
 }

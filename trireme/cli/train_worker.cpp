@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/train_options.h"
@@ -19,6 +18,7 @@
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/metrics.h"
+#include "trireme/obs/param_dump.h"
 #include "trireme/obs/plot.h"
 #include "trireme/obs/progress.h"
 #include "trireme/obs/timeline.h"
@@ -43,23 +43,6 @@ std::string printable(std::string text) {
     at += bad + 1;
   }
   return text;
-}
-
-// Raw parameter dump for parity tests: per parameter, u32 name length, name, u64 count,
-// float32 values.
-void dump_parameters(torch::nn::Module& module, const std::string& path) {
-  std::ofstream out(path, std::ios::binary);
-  TRIREME_CHECK(out.good(), "--dump-params: cannot write ", path);
-  for (const auto& item : module.named_parameters()) {
-    const at::Tensor values = item.value().detach().to(at::kFloat).contiguous();
-    const uint32_t name_len = static_cast<uint32_t>(item.key().size());
-    const uint64_t count = static_cast<uint64_t>(values.numel());
-    out.write(reinterpret_cast<const char*>(&name_len), sizeof(name_len));
-    out.write(item.key().data(), name_len);
-    out.write(reinterpret_cast<const char*>(&count), sizeof(count));
-    out.write(reinterpret_cast<const char*>(values.data_ptr<float>()), count * sizeof(float));
-  }
-  TRIREME_CHECK(out.good(), "--dump-params: failed writing ", path);
 }
 
 // The GPU of this local rank; throws InvalidArgument when there is none.
@@ -259,7 +242,11 @@ int train_worker_main(const std::vector<std::string>& args) {
                                                         : "no steps traced";
     obs::write_text_file(opt.out + "/timeline.svg",
                          obs::timeline_svg("trireme train gpt, " + steps + ": " + mesh.describe(), ranks));
-    if (!opt.dump_params.empty()) dump_parameters(*model, opt.dump_params);
+    if (!opt.dump_params.empty()) {
+      std::vector<std::pair<std::string, at::Tensor>> named;
+      for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+      obs::write_parameter_dump(opt.dump_params, named);
+    }
     obs::write_text_file(opt.out + "/loss.svg",
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
                                              "cross-entropy (nats/byte)", {loss_curve}));

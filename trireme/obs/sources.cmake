@@ -5,3 +5,5 @@ target_sources(trireme_core PRIVATE
   trireme/obs/plot.cpp
   trireme/obs/progress.cpp
   trireme/obs/timeline.cpp)
+# The parameter dump handles tensors, so it lives in the libtorch-facing library.
+target_sources(trireme PRIVATE trireme/obs/param_dump.cpp)

@@ -1,0 +1,18 @@
+// A raw dump of named parameters, for parity checks across layouts (read back by
+// tests/integration/common.py read_params). Per parameter, little-endian:
+//   u32 name length, name bytes, u64 element count, float32 values
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trireme::obs {
+
+// Throws InvalidArgument when `path` cannot be written.
+void write_parameter_dump(const std::string& path,
+                          const std::vector<std::pair<std::string, at::Tensor>>& parameters);
+
+}  // namespace trireme::obs
