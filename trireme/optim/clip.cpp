@@ -15,7 +15,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
   at::Tensor total = at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
   if (shard_group) {
     std::vector<at::Tensor> buffer{total};
-    shard_group->allreduce(buffer)->wait();
+    dist::run_collective("gradient-norm all-reduce", [&] { return shard_group->allreduce(buffer); });
   }
   const double norm = std::sqrt(total.item<double>());
   if (max_norm > 0 && norm > max_norm) {
