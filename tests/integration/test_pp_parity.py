@@ -1,38 +1,41 @@
-"""Pipeline parallelism (issue 3, executor in progress) against one process, with real
-processes and c10d point-to-point over Gloo: for GPipe, 1F1B and interleaved 1F1B, PP=2,
-PP=4 and DP=2 x PP=2 give the per-step losses and, after 3 AdamW steps, the parameters of
-one process on the whole batch (max abs diff <= 1e-5, printed); and so does zb-h1, whose
-weight gradients of the linear layers run in separate W instructions."""
-import glob
+"""Pipeline parallelism against one process, through `trireme train gpt` (real processes,
+c10d point-to-point over Gloo): for GPipe, 1F1B, interleaved 1F1B and ZB-H1, PP=2, PP=4 and
+DP=2 x PP=2 give the per-step losses and, after 3 AdamW steps, the parameters of one process
+on the whole batch (max abs diff <= 1e-5, printed). ZB-H1 runs the linear layers' weight
+gradients in separate W instructions; DP x PP all-reduces each stage's gradients across its
+replicas, buckets launched as their gradients complete."""
+import json
 import os
 import unittest
 
-from common import max_abs_diff, read_params, run, temp_dir
+from common import max_abs_diff, metrics, read_params, run, temp_dir
 
-PROBE = os.path.join(os.environ.get("TRIREME_WORKERS", "build/tests/workers"), "pp_probe")
+# 4 blocks -> 6 layers (embeddings, 4 blocks, head), enough for 4 stages or 2 x 2 chunks.
+MODEL = ["--layers", "4", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "8",
+         "--steps", "3", "--lr", "3e-3", "--warmup", "0", "--quiet",
+         "--bucket-mb", "0.02", "--first-bucket-mb", "0.01"]
 TOLERANCE = 1e-5
 
 
-def train(prefix, pp, dp, schedule, micro, chunks=1):
-    run(["run", "--nproc-per-node", str(pp * dp), "--", PROBE, str(pp), str(dp), schedule,
-         str(micro), str(chunks), prefix], timeout=300)
-    params = {}
-    for path in sorted(glob.glob(prefix + ".params.stage*")):
-        params.update(read_params(path))
-    with open(f"{prefix}.losses.stage{pp - 1}.dp0") as f:
-        losses = [float(line) for line in f if line.strip()]
-    return params, losses
+def train(out, pp, dp, micro, extra=()):
+    dump = out + ".params"
+    run(["train", "gpt", "--nproc-per-node", str(pp * dp), "--pp", str(pp), "--dp", str(dp),
+         "--micro-batches", str(micro), "--out", out, "--dump-params", dump] + MODEL + list(extra),
+        timeout=300)
+    return read_params(dump), [m["loss"] for m in metrics(out)]
 
 
 class PipelineParity(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = temp_dir()
-        cls.reference = train(os.path.join(cls.dir, "ref"), 1, 1, "1f1b", 1)
+        cls.reference = train(os.path.join(cls.dir, "ref"), 1, 1, 1)
 
-    def check(self, pp, dp, schedule, micro, chunks=1):
+    def check(self, pp, dp, schedule, micro, chunks=1, extra=()):
         name = f"{schedule}-pp{pp}-dp{dp}-m{micro}-v{chunks}"
-        params, losses = train(os.path.join(self.dir, name), pp, dp, schedule, micro, chunks)
+        out = os.path.join(self.dir, name)
+        params, losses = train(out, pp, dp, micro,
+                               ["--schedule", schedule, "--chunks", str(chunks)] + list(extra))
         ref_params, ref_losses = self.reference
         param_diff = max_abs_diff(ref_params, params)
         loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
@@ -42,6 +45,14 @@ class PipelineParity(unittest.TestCase):
         self.assertLess(losses[-1], losses[0] - 0.05)  # it trained: the comparison is not vacuous
         self.assertLessEqual(param_diff, TOLERANCE)
         self.assertLessEqual(loss_diff, TOLERANCE)
+        with open(os.path.join(out, "run.json")) as f:
+            layout = json.load(f)
+        self.assertEqual(sorted({r["stage"] for r in layout["ranks"]}), list(range(pp)))
+        # Each stage holds only its own layers: the stages' layer lists partition the model.
+        held = [layer for r in layout["ranks"] if r["dp"] == 0 for chunk in r["layers"]
+                for layer in chunk.split(",")]
+        self.assertEqual(sorted(held), sorted(["embeddings", "head"] + [f"h.{i}" for i in range(4)]))
+        return out
 
     def test_gpipe_pp2(self):
         self.check(2, 1, "gpipe", 4)
@@ -52,11 +63,13 @@ class PipelineParity(unittest.TestCase):
     def test_1f1b_pp2(self):
         self.check(2, 1, "1f1b", 4)
 
-    def test_1f1b_pp4(self):
-        self.check(4, 1, "1f1b", 8)
+    def test_1f1b_pp4_explicit_split(self):
+        self.check(4, 1, "1f1b", 8, extra=["--pp-split", "0:1,1:3,3:5,5:6"])
 
     def test_1f1b_dp2_pp2(self):
-        self.check(2, 2, "1f1b", 2)
+        out = self.check(2, 2, "1f1b", 2)
+        # The stage's gradient all-reduce started before its backward work was over.
+        self.assertTrue(all(m["buckets_overlapped"] >= 1 for m in metrics(out)))
 
     def test_gpipe_dp2_pp2(self):
         self.check(2, 2, "gpipe", 4)
@@ -72,6 +85,9 @@ class PipelineParity(unittest.TestCase):
 
     def test_interleaved_pp2_v2(self):
         self.check(2, 1, "interleaved", 4, 2)
+
+    def test_interleaved_pp4(self):
+        self.check(4, 1, "interleaved", 8)
 
     def test_interleaved_dp2_pp2_v2(self):
         self.check(2, 2, "interleaved", 2, 2)

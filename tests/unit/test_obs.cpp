@@ -61,6 +61,95 @@ TEST(Timeline, SerializesAndRendersEveryRank) {
   EXPECT_THROW(Timeline::parse("1\t2\n"), trireme::InvalidArgument);
 }
 
+TEST(Timeline, RanksRoundTripThroughTheTsvFormIncludingEmptyRanks) {
+  RankEvents ranks(3);  // rank 1 recorded nothing
+  ranks[0].push_back({"F m3 c0", "pipeline", Lane::kCompute, 1712.25, 50,
+                      R"({"micro": 3, "chunk": 0, "step": 2})", "3"});
+  ranks[0].push_back({"send-act m3 c0 -> 1", "pipeline", Lane::kComm, 1762.5, 4.125, "", ""});
+  ranks[2].push_back({"optimizer", "compute", Lane::kCompute, 1.0e15 + 0.5, 0, "", ""});
+  const std::string text = serialize_ranks(ranks);
+  EXPECT_EQ(text.rfind("# trireme timeline v1 ranks=3\n# rank 0\n"
+                       "0\t1712.250\t50.000\tpipeline\tF m3 c0\t{\"micro\": 3", 0), 0u)
+      << text;
+  EXPECT_NE(text.find("# rank 1\n# rank 2\n"), std::string::npos) << text;
+
+  const RankEvents back = parse_ranks(text);
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_TRUE(back[1].empty());
+  ASSERT_EQ(back[0].size(), 2u);
+  EXPECT_EQ(back[0][0].name, "F m3 c0");
+  EXPECT_EQ(back[0][0].category, "pipeline");
+  EXPECT_EQ(back[0][0].args_json, R"({"micro": 3, "chunk": 0, "step": 2})");
+  EXPECT_EQ(back[0][0].label, "3");
+  EXPECT_DOUBLE_EQ(back[0][0].start_us, 1712.25);
+  EXPECT_EQ(back[0][1].lane, Lane::kComm);
+  EXPECT_DOUBLE_EQ(back[0][1].duration_us, 4.125);
+  EXPECT_TRUE(back[0][1].label.empty());
+  ASSERT_EQ(back[2].size(), 1u);
+  EXPECT_DOUBLE_EQ(back[2][0].start_us, 1.0e15 + 0.5);  // wall-clock microseconds keep 0.5
+  EXPECT_EQ(serialize_ranks(back), text);
+
+  EXPECT_TRUE(parse_ranks(serialize_ranks({})).empty());
+  EXPECT_EQ(parse_ranks(serialize_ranks(RankEvents(2))).size(), 2u);
+  // Separators inside a field cannot break the line structure.
+  RankEvents odd(1);
+  odd[0].push_back({"a\tb\nc", "compute", Lane::kCompute, 0, 1, "", "x\ty"});
+  const RankEvents odd_back = parse_ranks(serialize_ranks(odd));
+  ASSERT_EQ(odd_back[0].size(), 1u);
+  EXPECT_EQ(odd_back[0][0].name, "a b c");
+  EXPECT_EQ(odd_back[0][0].label, "x y");
+}
+
+TEST(Timeline, MalformedTsvIsRefusedNamingTheLine) {
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_ranks(text);
+    } catch (const trireme::InvalidArgument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto has = [](const std::string& what, const std::string& part) {
+    return what.find(part) != std::string::npos;
+  };
+  const std::string header = "# trireme timeline v1 ranks=2\n";
+  const std::string event = "0\t10.000\t5.000\tpipeline\tF m0 c0\t\t0\n";
+  ASSERT_EQ(parse_ranks(header + "# rank 0\n" + event + "# rank 1\n").size(), 2u);
+
+  EXPECT_TRUE(has(error_of(""), "no header")) << error_of("");
+  EXPECT_TRUE(has(error_of("# rank 0\n"), "line 1: expected the header")) << error_of("# rank 0\n");
+  EXPECT_TRUE(has(error_of("# trireme timeline v2 ranks=1\n"), "line 1"));
+  const std::string no_rank = header + event;
+  EXPECT_TRUE(has(error_of(no_rank), "line 2: expected '# rank 0'")) << error_of(no_rank);
+  const std::string skipped = header + "# rank 1\n";
+  EXPECT_TRUE(has(error_of(skipped), "line 2: expected '# rank 0'")) << error_of(skipped);
+  const std::string too_many = header + "# rank 0\n# rank 1\n# rank 2\n";
+  EXPECT_TRUE(has(error_of(too_many), "line 4")) << error_of(too_many);
+  const std::string truncated = header + "# rank 0\n" + event;
+  EXPECT_TRUE(has(error_of(truncated), "declares 2 ranks but 1 follow")) << error_of(truncated);
+  const std::string few_fields = header + "# rank 0\n" + event + "0\t1\t2\n# rank 1\n";
+  EXPECT_TRUE(has(error_of(few_fields), "line 4: expected 7 tab-separated fields"))
+      << error_of(few_fields);
+  const std::string bad_number = header + "# rank 0\n0\tten\t5\tcompute\tforward\n# rank 1\n";
+  EXPECT_TRUE(has(error_of(bad_number), "line 3: start_us must be a number, got 'ten'"))
+      << error_of(bad_number);
+  const std::string bad_lane = header + "# rank 0\n# rank 1\n7\t1\t5\tcompute\tforward\n";
+  EXPECT_TRUE(has(error_of(bad_lane), "line 4: lane must be 0")) << error_of(bad_lane);
+  EXPECT_THROW(Timeline::parse("0\t1\t-5\tcompute\tforward\n"), trireme::InvalidArgument);
+}
+
+TEST(Timeline, SvgRowsCanBeNamed) {
+  RankEvents rows(2);
+  rows[1].push_back({"F m0 c0", "pipeline", Lane::kCompute, 0, 1000, "", "0"});
+  rows[1].push_back({"recv-act m0 c0 <- 0", "pipeline", Lane::kComm, 0, 10, "", ""});
+  const std::string svg = timeline_svg("run <x>", rows, {"stage 0 (rank 0)", "stage 1 (rank 2)"});
+  EXPECT_NE(svg.find("stage 1 (rank 2) compute"), std::string::npos);
+  EXPECT_NE(svg.find("stage 1 (rank 2) comm"), std::string::npos);
+  EXPECT_NE(svg.find("run &lt;x&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">0</text>"), std::string::npos);  // the label inside the F box
+  EXPECT_THROW(timeline_svg("x", rows, {"one name"}), trireme::Error);
+}
+
 #include "trireme/obs/plot.h"
 
 TEST(Plot, LossCurveSvgHasTheSeriesAndLabels) {

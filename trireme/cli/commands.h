@@ -17,6 +17,10 @@ int train_main(const std::vector<std::string>& args);
 // trireme schedule --schedule S --pp P --micro-batches M [--chunks V] [--out FILE.svg]
 int schedule_main(const std::vector<std::string>& args);
 
+// trireme report RUN_DIR [--step N] [--replica R]: draws RUN_DIR/pipeline.svg and prints
+// the measured and theoretical pipeline bubble of a `trireme train gpt` run.
+int report_main(const std::vector<std::string>& args);
+
 // The per-rank body of `trireme train gpt`, run inside a launched worker.
 int train_worker_main(const std::vector<std::string>& args);
 

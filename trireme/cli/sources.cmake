@@ -5,6 +5,9 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/main.cpp
   trireme/cli/run.cpp
   trireme/cli/schedule.cpp
+  trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
+  trireme/cli/train_data_parallel.cpp
   trireme/cli/train_gpt.cpp
+  trireme/cli/train_pipeline.cpp
   trireme/cli/train_worker.cpp)

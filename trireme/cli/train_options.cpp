@@ -2,6 +2,8 @@
 
 #include "trireme/common/error.h"
 #include "trireme/optim/lr_schedule.h"
+#include "trireme/parallel/pipeline/partition.h"
+#include "trireme/parallel/pipeline/schedule.h"
 
 namespace trireme::cli {
 
@@ -12,7 +14,8 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("seq", &o->model.seq_len, "sequence length in bytes");
   p.add("steps", &o->steps, "optimizer steps");
   p.add("batch", &o->batch, "global batch in sequences, split across data-parallel ranks");
-  p.add("micro-batches", &o->micro_batches, "gradient-accumulation micro-batches per rank");
+  p.add("micro-batches", &o->micro_batches,
+        "micro-batches per rank: gradient accumulation, or the pipeline's m with --pp");
   p.add("lr", &o->lr, "peak learning rate (AdamW)");
   p.add("min-lr", &o->min_lr, "final learning rate of the cosine decay");
   p.add("warmup", &o->warmup, "linear warm-up steps (-1: a tenth of --steps)");
@@ -25,6 +28,12 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("tp", &o->tp, "tensor-parallel size");
   p.add("pp", &o->pp, "pipeline-parallel size");
   p.add("mesh-order", &o->mesh_order, "rank order of the mesh axes, innermost first");
+  p.add("schedule", &o->schedule, "pipeline schedule: gpipe, 1f1b (default), interleaved, zb-h1");
+  p.add("chunks", &o->chunks, "model chunks per pipeline stage (--schedule interleaved)");
+  p.add("pp-split", &o->pp_split,
+        "layers of each virtual stage, e.g. 0:3,3:6 (layers: embeddings, blocks, head)");
+  p.add("pp-balance", &o->pp_balance,
+        "balance pipeline stages by measured layer 'time' (default) or 'params'");
   p.add("bucket-mb", &o->bucket_mb, "gradient bucket size in MiB");
   p.add("first-bucket-mb", &o->first_bucket_mb, "size of the first gradient bucket in MiB");
   p.add("trace-steps", &o->trace_steps, "steps recorded in trace.json");
@@ -34,6 +43,34 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
+
+namespace {
+
+// --schedule, --chunks, --pp-split and --pp-balance against --pp and the model.
+void validate_pipeline_options(TrainOptions* o) {
+  TRIREME_CHECK(o->pp_balance == "time" || o->pp_balance == "params", "--pp-balance ",
+                o->pp_balance, " is not known; use time or params");
+  if (o->pp == 1) {
+    TRIREME_CHECK(o->schedule.empty(), "--schedule ", o->schedule,
+                  " needs a pipeline: add --pp 2 or more (or drop --schedule)");
+    TRIREME_CHECK(o->chunks == 1, "--chunks ", o->chunks,
+                  " needs a pipeline: add --pp 2 or more with --schedule interleaved");
+    TRIREME_CHECK(o->pp_split.empty(), "--pp-split needs a pipeline: add --pp 2 or more");
+    return;
+  }
+  if (o->schedule.empty()) o->schedule = "1f1b";
+  const pipeline::ScheduleSpec spec{pipeline::parse_schedule(o->schedule), o->pp,
+                                    static_cast<int>(o->micro_batches), o->chunks};
+  pipeline::validate(spec);
+  const int64_t layers = o->model.layers + 2;  // embeddings, the blocks, the head
+  const int64_t parts = static_cast<int64_t>(o->pp) * o->chunks;
+  TRIREME_CHECK(parts <= layers, "--pp ", o->pp, (o->chunks > 1 ? " x --chunks " + std::to_string(o->chunks) : ""),
+                " = ", parts, " pipeline parts but the model has only ", layers,
+                " layers (embeddings, ", o->model.layers, " blocks, head); use fewer stages or more --layers");
+  if (!o->pp_split.empty()) pipeline::parse_split(o->pp_split, static_cast<int>(layers), static_cast<int>(parts));
+}
+
+}  // namespace
 
 void validate_train_options(TrainOptions* o, int world_size) {
   o->model.validate();
@@ -46,8 +83,6 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
   TRIREME_CHECK(o->tp == 1, "--tp ", o->tp,
                 ": tensor parallelism is not available yet; use --tp 1");
-  TRIREME_CHECK(o->pp == 1, "--pp ", o->pp,
-                ": pipeline parallelism is not available yet; use --pp 1");
   if (o->dp == 0) o->dp = world_size / (o->tp * o->pp);
   TRIREME_CHECK(o->dp >= 1 && o->dp * o->tp * o->pp == world_size, "--dp ", o->dp, " x --tp ",
                 o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",
@@ -58,6 +93,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
                 " sequences) is not divisible by --micro-batches ", o->micro_batches,
                 "; choose --micro-batches dividing ", local);
+  validate_pipeline_options(o);
   TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0 && o->bucket_mb <= 1 << 20 &&
                     o->first_bucket_mb <= 1 << 20,
                 "--bucket-mb and --first-bucket-mb must be in (0, 1048576] MiB");

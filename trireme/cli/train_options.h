@@ -15,7 +15,7 @@ struct TrainOptions {
   models::GptConfig model;
   int64_t steps = 200;
   int64_t batch = 16;        // global batch in sequences
-  int64_t micro_batches = 1; // gradient-accumulation micro-batches per rank
+  int64_t micro_batches = 1; // micro-batches per rank: accumulation (pp 1) or pipeline m
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup = -1;       // -1: a tenth of --steps
@@ -28,6 +28,10 @@ struct TrainOptions {
   int tp = 1;
   int pp = 1;
   std::string mesh_order = "tp-dp-pp";
+  std::string schedule;      // pipeline schedule; empty: 1f1b when --pp > 1
+  int chunks = 1;            // model chunks per pipeline stage (interleaved)
+  std::string pp_split;      // explicit layer ranges per virtual stage, "0:3,3:6"
+  std::string pp_balance = "time";  // partition by measured layer time or by "params"
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   int64_t trace_steps = 3;   // steps recorded in trace.json (after the first)

@@ -1,7 +1,9 @@
-// The per-rank body of `trireme train gpt`: build the mesh and the model, wrap it in
-// DataParallel, and train with AdamW, micro-batch accumulation, clipping and the
-// warm-up/cosine schedule. Rank 0 writes DIR/metrics.jsonl, draws the progress line, merges
-// DIR/trace.json and prints a generated sample at the end.
+// The per-rank body of `trireme train gpt`: build the mesh, this rank's engine (the whole
+// model under DataParallel, or one pipeline stage: cli/train_engine.h), and train with
+// AdamW, clipping and the warm-up/cosine schedule. Rank 0 writes DIR/metrics.jsonl, draws
+// the progress line, merges DIR/trace.json, DIR/timeline.tsv and DIR/run.json (what
+// `trireme report` reads), and prints a generated sample at the end when it holds the
+// whole model.
 #include <torch/optim/adamw.h>
 
 #include <cstdio>
@@ -9,6 +11,7 @@
 #include <filesystem>
 
 #include "trireme/cli/commands.h"
+#include "trireme/cli/train_engine.h"
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/data/batch.h"
@@ -24,7 +27,6 @@
 #include "trireme/obs/timeline.h"
 #include "trireme/optim/clip.h"
 #include "trireme/optim/lr_schedule.h"
-#include "trireme/parallel/data/data_parallel.h"
 
 namespace trireme::cli {
 namespace {
@@ -53,10 +55,6 @@ at::Device cuda_device(int local_rank) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
-struct StepTimes {
-  double forward_us = 0, backward_us = 0, optimizer_us = 0, step_us = 0;
-};
-
 // One line of metrics.jsonl.
 obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_per_s,
                             const StepTimes& times, const parallel::StepCommStats& comm,
@@ -77,28 +75,43 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("grad_norm", grad_norm);
 }
 
-// Every rank publishes its timeline through the store (so this works across machines);
-// after a barrier rank 0 reads them all. Returns every rank's events on rank 0, nothing
-// elsewhere.
-obs::RankEvents gather_timelines(dist::World& world, const obs::Timeline& timeline) {
-  const std::string text = timeline.serialize();
-  world.store()->set("timeline/" + std::to_string(world.rank()),
+// Every rank publishes `text` under `key` through the store (so this works across
+// machines); after a barrier rank 0 reads them all. Returns every rank's text on rank 0,
+// nothing elsewhere.
+std::vector<std::string> gather_on_leader(dist::World& world, const std::string& key,
+                                          const std::string& text) {
+  world.store()->set(key + "/" + std::to_string(world.rank()),
                      std::vector<uint8_t>(text.begin(), text.end()));
   dist::run_collective("end-of-run barrier", [&] { return world.group()->barrier(); });
-  obs::RankEvents ranks;
-  if (world.rank() != 0) return ranks;
+  std::vector<std::string> texts;
+  if (world.rank() != 0) return texts;
   for (int r = 0; r < world.size(); ++r) {
-    const std::vector<uint8_t> bytes = world.store()->get("timeline/" + std::to_string(r));
-    ranks.push_back(obs::Timeline::parse(std::string(bytes.begin(), bytes.end())));
+    const std::vector<uint8_t> bytes = world.store()->get(key + "/" + std::to_string(r));
+    texts.emplace_back(bytes.begin(), bytes.end());
   }
-  return ranks;
+  return texts;
 }
 
-// Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.
-struct ClockMap {
-  double offset = obs::wall_us() - obs::now_us();
-  double wall(double steady_us) const { return steady_us + offset; }
-};
+// DIR/run.json: the layout and each rank's place in it, for `trireme report`.
+std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t first_traced,
+                     int64_t last_traced, const std::vector<std::string>& rank_entries) {
+  std::string ranks = "[";
+  for (size_t r = 0; r < rank_entries.size(); ++r) ranks += (r ? ", " : "") + rank_entries[r];
+  ranks += "]";
+  return obs::JsonObject()
+             .add("command", "train gpt")
+             .add("mesh", mesh.describe())
+             .add("dp", opt.dp)
+             .add("tp", opt.tp)
+             .add("pp", opt.pp)
+             .add("schedule", opt.pp > 1 ? opt.schedule : std::string("none"))
+             .add("micro_batches", opt.micro_batches)
+             .add("chunks", opt.chunks)
+             .add_raw("traced_steps", "[" + std::to_string(first_traced) + ", " + std::to_string(last_traced) + "]")
+             .add_raw("ranks", ranks)
+             .str() +
+         "\n";
+}
 
 void record_comm(obs::Timeline& timeline, const ClockMap& clock,
                  const parallel::StepCommStats& stats) {
@@ -133,7 +146,6 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
-  const dist::Group& dp_group = groups.axis("dp");
 
   const data::Corpus corpus =
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
@@ -141,15 +153,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   const data::BatchSampler sampler(corpus.size(), opt.model.seq_len, opt.batch,
                                    static_cast<uint64_t>(opt.seed));
 
-  models::Gpt model(opt.model, static_cast<uint64_t>(opt.seed));
-  model->to(device);
-  parallel::DataParallelOptions dp_options;
-  dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
-  dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
-  parallel::DataParallel ddp(model.ptr(), dp_group, dp_options);
-
+  std::unique_ptr<TrainEngine> engine =
+      opt.pp > 1 ? make_pipeline_engine(opt, world, groups, device)
+                 : make_data_parallel_engine(opt, groups, device);
   torch::optim::AdamW optimizer(
-      model->parameters(),
+      engine->parameters(),
       torch::optim::AdamWOptions(opt.lr).betas({0.9, 0.95}).weight_decay(opt.weight_decay));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
@@ -165,9 +173,10 @@ int train_worker_main(const std::vector<std::string>& args) {
   const int64_t tokens_per_step = opt.batch * opt.model.seq_len;
   const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
   if (leader && !opt.quiet)
-    std::fprintf(stderr, "gpt: %lld parameters | %s | batch %lld x %lld bytes | %lld steps\n",
-                 (long long)model->num_parameters(), mesh.describe().c_str(),
-                 (long long)opt.batch, (long long)opt.model.seq_len, (long long)opt.steps);
+    std::fprintf(stderr, "gpt: %lld parameters | %s | %s | batch %lld x %lld bytes | %lld steps\n",
+                 (long long)models::GptConfig(opt.model).num_parameters(), mesh.describe().c_str(),
+                 engine->describe().c_str(), (long long)opt.batch, (long long)opt.model.seq_len,
+                 (long long)opt.steps);
 
   double elapsed_s = 0;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
@@ -180,33 +189,22 @@ int train_worker_main(const std::vector<std::string>& args) {
     const double step_start = obs::now_us();
     StepTimes times;
     const auto offsets = sampler.shard(step, dp_rank, opt.dp);
-    at::Tensor local_loss = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
+    std::vector<data::Batch> micro_batches;
     for (int64_t m = 0; m < opt.micro_batches; ++m) {
       std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);
       data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
       batch.inputs = batch.inputs.to(device, /*non_blocking=*/true);
       batch.targets = batch.targets.to(device, /*non_blocking=*/true);
-      std::optional<parallel::DataParallel::NoSync> no_sync;
-      if (m + 1 < opt.micro_batches) no_sync.emplace(ddp);
-
-      const double f0 = obs::now_us();
-      at::Tensor loss = model->loss(batch.inputs, batch.targets) / static_cast<double>(opt.micro_batches);
-      const double f1 = obs::now_us();
-      loss.backward();
-      const double b1 = obs::now_us();
-      local_loss += loss.detach().to(at::kDouble);
-      times.forward_us += f1 - f0;
-      times.backward_us += b1 - f1;
-      if (tracing) {
-        timeline.add({"forward", "compute", obs::Lane::kCompute, clock.wall(f0), f1 - f0, ""});
-        timeline.add({"backward", "compute", obs::Lane::kCompute, clock.wall(f1), b1 - f1, ""});
-      }
+      micro_batches.push_back(std::move(batch));
     }
-    const parallel::StepCommStats& comm = ddp.last_step();
+    const double local_loss =
+        engine->run_step(micro_batches, &times, {tracing ? &timeline : nullptr, &clock, step + 1});
+    const parallel::StepCommStats& comm = engine->comm();
     if (tracing) record_comm(timeline, clock, comm);
 
     const double o0 = obs::now_us();
-    const double grad_norm = optim::clip_grad_norm(model->parameters(), opt.clip);
+    const double grad_norm =
+        optim::clip_grad_norm(engine->parameters(), opt.clip, engine->gradient_shard_group());
     optimizer.step();
     optimizer.zero_grad();
     const double o1 = obs::now_us();
@@ -214,10 +212,11 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (tracing)
       timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, ""});
 
-    // The step's loss over the global batch: the mean of the data-parallel ranks' means.
-    std::vector<at::Tensor> loss_buffer{local_loss};
-    if (opt.dp > 1)
-      dist::run_collective("loss all-reduce", [&] { return dp_group->allreduce(loss_buffer); });
+    // The step's loss over the global batch: the mean of the data-parallel replicas' means
+    // (each replica's held by its last pipeline stage; the other ranks add 0).
+    std::vector<at::Tensor> loss_buffer{at::full({1}, local_loss, at::TensorOptions(at::kDouble).device(device))};
+    if (world.size() > 1)
+      dist::run_collective("loss all-reduce", [&] { return world.group()->allreduce(loss_buffer); });
     const double loss = loss_buffer[0].item<double>() / opt.dp;
     times.step_us = obs::now_us() - step_start;
     elapsed_s += times.step_us / 1e6;
@@ -233,31 +232,46 @@ int train_worker_main(const std::vector<std::string>& args) {
   }
   if (leader && !opt.quiet) progress.finish();
 
-  const obs::RankEvents ranks = gather_timelines(world, timeline);
+  obs::RankEvents ranks;
+  for (const auto& text : gather_on_leader(world, "timeline", timeline.serialize()))
+    ranks.push_back(obs::Timeline::parse(text));
+  const std::vector<std::string> dumps =
+      opt.dump_params.empty() ? std::vector<std::string>()
+                              : gather_on_leader(world, "dump", obs::parameter_dump_bytes(engine->dump_parameters()));
+  obs::JsonObject entry;
+  entry.add("rank", rank).add("stage", groups.coord("pp")).add("dp", dp_rank);
+  engine->summarize(entry);
+  const std::vector<std::string> entries = gather_on_leader(world, "summary", entry.str());
   if (leader) {
-    obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
     const int64_t last_traced = std::min(trace_last, opt.steps);
+    obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
+    obs::write_text_file(opt.out + "/timeline.tsv", obs::serialize_ranks(ranks));
+    obs::write_text_file(opt.out + "/run.json",
+                         run_json(opt, mesh, trace_first + 1, last_traced, entries));
     const std::string steps = last_traced > trace_first ? "steps " + std::to_string(trace_first + 1) + "-" +
                                                               std::to_string(last_traced)
                                                         : "no steps traced";
     obs::write_text_file(opt.out + "/timeline.svg",
                          obs::timeline_svg("trireme train gpt, " + steps + ": " + mesh.describe(), ranks));
     if (!opt.dump_params.empty()) {
-      std::vector<std::pair<std::string, at::Tensor>> named;
-      for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-      obs::write_parameter_dump(opt.dump_params, named);
+      std::string all;
+      for (const auto& d : dumps) all += d;  // each stage once, in rank order
+      obs::write_text_file(opt.dump_params, all);
     }
     obs::write_text_file(opt.out + "/loss.svg",
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
                                              "cross-entropy (nats/byte)", {loss_curve}));
-    if (!opt.quiet && opt.sample_tokens > 0) {
+    models::GptImpl* model = engine->whole_model();
+    if (!opt.quiet && opt.sample_tokens > 0 && model) {
       const std::string sample =
           model->generate("And God said", opt.sample_tokens, 0.8, static_cast<uint64_t>(opt.seed));
       std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());
       std::fflush(stdout);
     }
-    std::fprintf(stderr, "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, loss.svg\n",
-                 opt.out.c_str());
+    std::fprintf(stderr,
+                 "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, "
+                 "loss.svg, run.json%s\n",
+                 opt.out.c_str(), opt.pp > 1 ? "; draw the pipeline with: trireme report DIR" : "");
   }
   return 0;
 }

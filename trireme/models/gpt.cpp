@@ -193,6 +193,33 @@ std::string GptImpl::generate(const std::string& prompt, int64_t new_tokens, dou
   return out;
 }
 
+pipeline::LayerList GptImpl::layers() {
+  pipeline::LayerList list;
+  const double dropout = config_.dropout;
+  const int64_t seq_len = config_.seq_len;
+  list.push_back({"embeddings",
+                  {{"wte", wte.ptr()}, {"wpe", wpe.ptr()}},
+                  [wte = wte, wpe = wpe, dropout, seq_len](const at::Tensor& idx) mutable {
+                    TRIREME_CHECK(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= seq_len,
+                                  "GPT input must be (B,T) with 1 <= T <= --seq ", seq_len);
+                    at::Tensor pos = at::arange(idx.size(1), idx.options());
+                    at::Tensor x = wte->forward(idx) + wpe->forward(pos);
+                    return maybe_dropout(x, dropout, wte->is_training());
+                  }});
+  for (size_t l = 0; l < h->size(); ++l) {
+    auto block = h->ptr<BlockImpl>(l);
+    list.push_back({"h." + std::to_string(l),
+                    {{"h." + std::to_string(l), block}},
+                    [block](const at::Tensor& x) { return block->forward(x); }});
+  }
+  list.push_back({"head",
+                  {{"ln_f", ln_f.ptr()}, {"head", head.ptr()}},
+                  [ln_f = ln_f, head = head, split = split_backward_](const at::Tensor& x) mutable {
+                    return linear(ln_f->forward(x), head, split);
+                  }});
+  return list;
+}
+
 int64_t GptImpl::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : parameters(/*recurse=*/true)) n += p.numel();

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "trireme/models/gpt_config.h"
+#include "trireme/parallel/pipeline/stage.h"
 
 namespace trireme::models {
 
@@ -84,6 +85,15 @@ class GptImpl : public torch::nn::Module {
   // training flag afterwards. Needs vocab == 256 (the byte tokenizer).
   std::string generate(const std::string& prompt, int64_t new_tokens, double temperature,
                        uint64_t seed);
+
+  // The model as a layer list for pipeline parallelism (L + 2 layers):
+  //   0 "embeddings"  idx (B,T) -> wte + wpe (B,T,C)      modules wte, wpe
+  //   1..L "h.l"      block l (B,T,C) -> (B,T,C)          module h.l
+  //   L+1 "head"      ln_f, head (B,T,C) -> logits (B,T,V) modules ln_f, head
+  // The layers hold the submodules, not the model, so the model may be dropped once a
+  // stage has kept its layers. Call set_split_backward first: the head takes its setting
+  // when the list is made.
+  pipeline::LayerList layers();
 
   int64_t num_parameters() const;
   const GptConfig& config() const { return config_; }

@@ -11,6 +11,9 @@
 
 namespace trireme::obs {
 
+// The dump's bytes; dumps of disjoint parameter sets concatenate into one dump.
+std::string parameter_dump_bytes(const std::vector<std::pair<std::string, at::Tensor>>& parameters);
+
 // Throws InvalidArgument when `path` cannot be written.
 void write_parameter_dump(const std::string& path,
                           const std::vector<std::pair<std::string, at::Tensor>>& parameters);

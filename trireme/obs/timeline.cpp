@@ -2,7 +2,9 @@
 #include "trireme/obs/timeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -39,6 +41,82 @@ const char* color_of(const TraceEvent& e) {
   return "#7f7f7f";
 }
 
+constexpr const char* kTsvHeader = "# trireme timeline v1 ranks=";
+constexpr const char* kRankLine = "# rank ";
+
+// A field of the text form: the separators (tab, newline) become spaces.
+std::string field(const std::string& text) {
+  std::string out = text;
+  for (char& c : out)
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  return out;
+}
+
+std::string event_line(const TraceEvent& e) {
+  return std::to_string(static_cast<int>(e.lane)) + '\t' + microseconds(e.start_us) + '\t' +
+         microseconds(e.duration_us) + '\t' + field(e.category) + '\t' + field(e.name) + '\t' +
+         field(e.args_json) + '\t' + field(e.label) + '\n';
+}
+
+// A line as quoted in error messages: long lines are cut.
+std::string quoted(const std::string& line) {
+  return "'" + (line.size() > 80 ? line.substr(0, 77) + "..." : line) + "'";
+}
+
+bool parse_number(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(text.c_str(), &end);
+  return *end == '\0' && std::isfinite(*out);
+}
+
+bool parse_count(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 9 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  *out = std::stoi(text);
+  return true;
+}
+
+// One line of the text form (5, 6 or 7 fields: args and label may be left off).
+TraceEvent parse_event(const std::string& line, size_t line_no) {
+  std::vector<std::string> fields(1);
+  for (char c : line) {
+    if (c == '\t')
+      fields.emplace_back();
+    else
+      fields.back() += c;
+  }
+  TRIREME_CHECK(fields.size() >= 5 && fields.size() <= 7, "line ", line_no,
+                ": expected 7 tab-separated fields (lane, start_us, duration_us, category, name, "
+                "args_json, label), got ", fields.size(), ": ", quoted(line));
+  fields.resize(7);
+  TraceEvent e;
+  TRIREME_CHECK(fields[0] == "0" || fields[0] == "1", "line ", line_no,
+                ": lane must be 0 (compute) or 1 (comm), got ", quoted(fields[0]));
+  e.lane = fields[0] == "1" ? Lane::kComm : Lane::kCompute;
+  TRIREME_CHECK(parse_number(fields[1], &e.start_us), "line ", line_no,
+                ": start_us must be a number, got ", quoted(fields[1]));
+  TRIREME_CHECK(parse_number(fields[2], &e.duration_us) && e.duration_us >= 0, "line ", line_no,
+                ": duration_us must be a number >= 0, got ", quoted(fields[2]));
+  e.category = fields[3];
+  e.name = fields[4];
+  e.args_json = fields[5];
+  e.label = fields[6];
+  return e;
+}
+
+std::vector<TraceEvent> parse_events(const std::string& text) {
+  std::vector<TraceEvent> events;
+  std::istringstream in(text);
+  size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (!line.empty()) events.push_back(parse_event(line, line_no));
+  }
+  return events;
+}
+
 }  // namespace
 
 void Timeline::add(TraceEvent event) {
@@ -52,34 +130,56 @@ std::vector<TraceEvent> Timeline::events() const {
 }
 
 std::string Timeline::serialize() const {
-  std::ostringstream out;
-  for (const auto& e : events())
-    out << static_cast<int>(e.lane) << '\t' << microseconds(e.start_us) << '\t'
-        << microseconds(e.duration_us) << '\t' << e.category << '\t' << e.name << '\t'
-        << e.args_json << '\n';
-  return out.str();
+  std::string out;
+  for (const auto& e : events()) out += event_line(e);
+  return out;
 }
 
-std::vector<TraceEvent> Timeline::parse(const std::string& text) {
-  std::vector<TraceEvent> events;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    std::vector<std::string> fields;
-    std::istringstream cols(line);
-    for (std::string field; std::getline(cols, field, '\t');) fields.push_back(field);
-    if (fields.size() == 5) fields.emplace_back();  // empty args
-    TRIREME_CHECK(fields.size() == 6, "malformed timeline line: '", line, "'");
-    TraceEvent e;
-    e.lane = fields[0] == "1" ? Lane::kComm : Lane::kCompute;
-    e.start_us = std::stod(fields[1]);
-    e.duration_us = std::stod(fields[2]);
-    e.category = fields[3];
-    e.name = fields[4];
-    e.args_json = fields[5];
-    events.push_back(std::move(e));
+std::vector<TraceEvent> Timeline::parse(const std::string& text) { return parse_events(text); }
+
+std::string serialize_ranks(const RankEvents& ranks) {
+  std::string out = kTsvHeader + std::to_string(ranks.size()) + "\n";
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    out += kRankLine + std::to_string(rank) + "\n";
+    for (const auto& e : ranks[rank]) out += event_line(e);
   }
-  return events;
+  return out;
+}
+
+RankEvents parse_ranks(const std::string& text) {
+  RankEvents ranks;
+  int declared = -1;
+  std::istringstream in(text);
+  size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.empty()) continue;
+    auto after = [&](const std::string& prefix) {
+      return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : std::string("-");
+    };
+    if (declared < 0) {
+      TRIREME_CHECK(parse_count(after(kTsvHeader), &declared), "line ", line_no,
+                    ": expected the header '", kTsvHeader, "N', got ", quoted(line));
+      continue;
+    }
+    if (line.rfind(kRankLine, 0) == 0) {
+      int rank = -1;
+      TRIREME_CHECK(parse_count(after(kRankLine), &rank) && rank == static_cast<int>(ranks.size()),
+                    "line ", line_no, ": expected '", kRankLine, ranks.size(), "', got ",
+                    quoted(line));
+      TRIREME_CHECK(rank < declared, "line ", line_no, ": ", quoted(line),
+                    " but the header declares ", declared, " ranks");
+      ranks.emplace_back();
+      continue;
+    }
+    TRIREME_CHECK(!ranks.empty(), "line ", line_no, ": expected '", kRankLine,
+                  "0' before the first event, got ", quoted(line));
+    ranks.back().push_back(parse_event(line, line_no));
+  }
+  TRIREME_CHECK(declared >= 0, "no header line '", kTsvHeader, "N' (empty file)");
+  TRIREME_CHECK(static_cast<int>(ranks.size()) == declared, "the header declares ", declared,
+                " ranks but ", ranks.size(), " follow (truncated file?)");
+  return ranks;
 }
 
 std::string chrome_trace_json(const RankEvents& ranks) {
@@ -113,18 +213,33 @@ std::string chrome_trace_json(const RankEvents& ranks) {
 }
 
 std::string timeline_svg(const std::string& title, const RankEvents& ranks) {
-  constexpr double kLabel = 110, kRow = 22, kGap = 8, kTop = 44, kWidth = 1100, kRight = 20;
+  std::vector<std::string> names;
+  for (size_t rank = 0; rank < ranks.size(); ++rank)
+    names.push_back("rank " + std::to_string(rank));
+  return timeline_svg(title, ranks, names);
+}
+
+std::string timeline_svg(const std::string& title, const RankEvents& rows,
+                         const std::vector<std::string>& row_names) {
+  TRIREME_ENFORCE_EQ(rows.size(), row_names.size(), "(one name per timeline row)");
+  // Per row: a compute lane, a thinner comm lane below it, then a gap.
+  constexpr double kRow = 22, kCommRow = 14, kGap = 8, kTop = 44, kWidth = 1100, kRight = 20;
+  constexpr double kPitch = kRow + kCommRow + kGap;
+  size_t longest = 0;
+  for (const auto& name : row_names) longest = std::max(longest, name.size());
+  // Room for "<name> compute" at about 6 px per character of 11 px sans-serif.
+  const double label_width = std::max(110.0, 6.0 * (longest + 8) + 12);
   double t0 = 1e300, t1 = -1e300;
-  for (const auto& events : ranks)
+  for (const auto& events : rows)
     for (const auto& e : events) {
       t0 = std::min(t0, e.start_us);
       t1 = std::max(t1, e.start_us + e.duration_us);
     }
   if (t0 > t1) t0 = 0, t1 = 1;
   const double span = std::max(t1 - t0, 1.0);
-  const double plot = kWidth - kLabel - kRight;
-  const double height = kTop + ranks.size() * (2 * kRow + kGap) + 40;
-  auto x = [&](double us) { return kLabel + (us - t0) / span * plot; };
+  const double plot = kWidth - label_width - kRight;
+  const double height = kTop + rows.size() * kPitch + 40;
+  auto x = [&](double us) { return label_width + (us - t0) / span * plot; };
 
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << height
@@ -137,39 +252,40 @@ std::string timeline_svg(const std::string& title, const RankEvents& ranks) {
       {"forward", "#1f77b4"}, {"backward (input)", "#ff7f0e"}, {"backward (weights)", "#17becf"},
       {"optimizer", "#2ca02c"}, {"communication", "#9467bd"}};
   for (size_t i = 0; i < legend.size(); ++i)
-    svg << "<rect x=\"" << kLabel + i * 140 << "\" y=\"26\" width=\"10\" height=\"10\" fill=\""
-        << legend[i].second << "\"/><text x=\"" << kLabel + i * 140 + 14 << "\" y=\"35\">"
+    svg << "<rect x=\"" << label_width + i * 140 << "\" y=\"26\" width=\"10\" height=\"10\" fill=\""
+        << legend[i].second << "\"/><text x=\"" << label_width + i * 140 + 14 << "\" y=\"35\">"
         << legend[i].first << "</text>\n";
-  for (size_t rank = 0; rank < ranks.size(); ++rank) {
-    const double base = kTop + rank * (2 * kRow + kGap);
-    for (int lane = 0; lane < 2; ++lane) {
-      const double y = base + lane * kRow;
-      svg << "<text x=\"6\" y=\"" << y + 15 << "\">rank " << rank << " "
-          << lane_name(static_cast<Lane>(lane)) << "</text>\n"
-          << "<rect x=\"" << kLabel << "\" y=\"" << y + 2 << "\" width=\"" << plot
-          << "\" height=\"" << kRow - 4 << "\" fill=\"#f4f4f4\"/>\n";
-    }
-    for (const auto& e : ranks[rank]) {
-      const double y = base + static_cast<int>(e.lane) * kRow;
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const double base = kTop + row * kPitch;
+    const double lane_y[2] = {base, base + kRow};
+    const double lane_height[2] = {kRow, kCommRow};
+    for (int lane = 0; lane < 2; ++lane)
+      svg << "<text x=\"6\" y=\"" << lane_y[lane] + lane_height[lane] - 6 << "\""
+          << (lane == 1 ? " font-size=\"9\" fill=\"#555\"" : "") << ">"
+          << xml_escape(row_names[row]) << " " << lane_name(static_cast<Lane>(lane)) << "</text>\n"
+          << "<rect x=\"" << label_width << "\" y=\"" << lane_y[lane] + 2 << "\" width=\"" << plot
+          << "\" height=\"" << lane_height[lane] - 4 << "\" fill=\"#f4f4f4\"/>\n";
+    for (const auto& e : rows[row]) {
+      const int lane = static_cast<int>(e.lane);
+      const double y = lane_y[lane], width = e.duration_us / span * plot;
       svg << "<rect x=\"" << fixed(x(e.start_us), 2) << "\" y=\"" << y + 3 << "\" width=\""
-          << fixed(std::max(0.5, e.duration_us / span * plot), 2) << "\" height=\"" << kRow - 6
+          << fixed(std::max(0.5, width), 2) << "\" height=\"" << lane_height[lane] - 6
           << "\" fill=\"" << color_of(e) << "\" stroke=\"white\" stroke-width=\"0.3\"><title>"
           << xml_escape(e.name) << ": " << fixed(e.duration_us / 1e3, 2) << " ms</title></rect>\n";
-      const double width = e.duration_us / span * plot;
-      if (!e.label.empty() && width >= 7.0 * e.label.size())
+      if (e.lane == Lane::kCompute && !e.label.empty() && width >= 7.0 * e.label.size())
         svg << "<text x=\"" << fixed(x(e.start_us) + width / 2, 2) << "\" y=\"" << y + 15
             << "\" text-anchor=\"middle\" fill=\"white\" font-size=\"10\">" << xml_escape(e.label) << "</text>\n";
     }
   }
   // Time axis in milliseconds.
-  const double axis_y = kTop + ranks.size() * (2 * kRow + kGap) + 4;
+  const double axis_y = kTop + rows.size() * kPitch + 4;
   for (int t = 0; t <= 10; ++t) {
     const double us = t0 + span * t / 10;
     svg << "<line x1=\"" << x(us) << "\" x2=\"" << x(us) << "\" y1=\"" << axis_y << "\" y2=\""
         << axis_y + 5 << "\" stroke=\"#444\"/><text x=\"" << x(us) << "\" y=\"" << axis_y + 17
         << "\" text-anchor=\"middle\">" << fixed((us - t0) / 1e3) << "</text>\n";
   }
-  svg << "<text x=\"" << kLabel + plot / 2 << "\" y=\"" << axis_y + 32
+  svg << "<text x=\"" << label_width + plot / 2 << "\" y=\"" << axis_y + 32
       << "\" text-anchor=\"middle\">milliseconds</text>\n</svg>\n";
   return svg.str();
 }

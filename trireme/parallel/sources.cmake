@@ -1,4 +1,4 @@
-# parallel/: data/ (DataParallel; later ZeRO), tensor/ and pipeline/ in later work.
+# parallel/: data/ (DataParallel; later ZeRO), pipeline/; tensor/ in later work.
 target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
 # pipeline/: schedules as data (pure).
 target_sources(trireme_core PRIVATE
@@ -7,4 +7,5 @@ target_sources(trireme_core PRIVATE
   trireme/parallel/pipeline/schedule.cpp)
 target_sources(trireme PRIVATE
   trireme/parallel/pipeline/deferred_linear.cpp
-  trireme/parallel/pipeline/executor.cpp)
+  trireme/parallel/pipeline/executor.cpp
+  trireme/parallel/pipeline/stage.cpp)

@@ -15,13 +15,14 @@
 namespace trireme::parallel {
 namespace {
 
-// Calls `fn` after AccumulateGrad has written a parameter's gradient.
+// Calls `fn` after AccumulateGrad has written a parameter's gradient (not when it was
+// handed no gradient: a deferred weight gradient is counted when it is computed).
 class GradReadyHook : public torch::autograd::FunctionPostHook {
  public:
   explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
+                                            const torch::autograd::variable_list& inputs) override {
+    if (inputs.empty() || inputs[0].defined()) fn_();
     return outputs;
   }
 
@@ -60,8 +61,12 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
   TRIREME_CHECK(module_, "DataParallel needs a module");
   TRIREME_CHECK(group_, "DataParallel needs a process group");
+  TRIREME_CHECK(options_.contributions_per_step >= 1, "contributions_per_step must be >= 1");
   for (auto& p : module_->parameters())
-    if (p.requires_grad()) params_.push_back(p);
+    if (p.requires_grad()) {
+      index_of_[p.unsafeGetTensorImpl()] = params_.size();
+      params_.push_back(p);
+    }
   broadcast_initial_state();
   build_buckets(comm::reverse_order(params_.size()));
   try {
@@ -152,7 +157,7 @@ void DataParallel::start_step() {
   graph_task_ = torch::autograd::get_current_graph_task_id();
   current_ = StepCommStats{};
   current_.first_hook_us = obs::now_us();
-  ready_.assign(params_.size(), false);
+  contributions_.assign(params_.size(), 0);
   ready_order_.clear();
   next_launch_ = 0;
   for (auto& bucket : buckets_) {
@@ -160,14 +165,16 @@ void DataParallel::start_step() {
     bucket.launched = false;
     bucket.work.reset();
   }
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  if (options_.sync_point == DataParallelOptions::SyncPoint::kEndOfBackward)
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
 }
 
 void DataParallel::on_gradient_ready(size_t param) {
   if (!sync_enabled_) return;
   std::lock_guard<std::mutex> lock(mutex_);  // autograd runs one thread per device
   if (!failure_.empty()) TRIREME_THROW(CommError, failure_);
-  if (in_step_ && torch::autograd::get_current_graph_task_id() != graph_task_) {
+  const bool explicit_sync = options_.sync_point == DataParallelOptions::SyncPoint::kExplicit;
+  if (in_step_ && !explicit_sync && torch::autograd::get_current_graph_task_id() != graph_task_) {
     // The previous backward never finished (an exception interrupted it): some of its
     // all-reduces may have been issued and others not, here and on other ranks, so the
     // replicas can no longer be kept in step. Refuse loudly rather than drift apart.
@@ -176,11 +183,39 @@ void DataParallel::on_gradient_ready(size_t param) {
     TRIREME_THROW(CommError, failure_);
   }
   if (!in_step_) start_step();
-  if (ready_[param]) return;  // already counted (a parameter used twice)
-  ready_[param] = true;
+  const int target = options_.contributions_per_step;
+  if (contributions_[param] == target) {
+    if (!explicit_sync) return;  // already counted (a parameter used twice)
+    // More contributions than one step has: a step was interrupted before synchronize().
+    failure_ = "parameter " + std::to_string(param) + " received more gradient contributions "
+               "than one step has: a previous step did not finish, so its all-reduces were "
+               "left incomplete; the data-parallel group must be rebuilt (restart the job)";
+    TRIREME_THROW(CommError, failure_);
+  }
+  if (++contributions_[param] < target) return;
   ready_order_.push_back(param);
   --buckets_[bucket_of_[param]].pending;
   launch_ready_buckets();
+}
+
+void DataParallel::gradient_accumulated(const at::Tensor& param) {
+  const auto it = index_of_.find(param.unsafeGetTensorImpl());
+  TRIREME_CHECK(it != index_of_.end(),
+                "gradient_accumulated: the tensor is not a parameter of this DataParallel module");
+  on_gradient_ready(it->second);
+}
+
+void DataParallel::synchronize() {
+  TRIREME_CHECK(options_.sync_point == DataParallelOptions::SyncPoint::kExplicit,
+                "DataParallel::synchronize() needs SyncPoint::kExplicit; with kEndOfBackward the "
+                "step ends by itself at the end of backward");
+  if (!sync_enabled_) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) TRIREME_THROW(CommError, failure_);
+    if (!in_step_) start_step();  // no gradient arrived at all: every flag stays 0
+  }
+  finalize();
 }
 
 void DataParallel::launch_ready_buckets() {

@@ -23,6 +23,15 @@
 // Gradient accumulation: inside a `no_sync()` scope the hooks do nothing and gradients
 // accumulate locally; the first backward outside it averages the accumulated sums.
 //
+// Pipeline stages (parallel/pipeline/executor.h) use the same machinery with two options:
+// a parameter's gradient is complete after `contributions_per_step` accumulations (one per
+// micro-batch), and the step ends when the caller says so (`SyncPoint::kExplicit`,
+// synchronize()) rather than at the end of one backward pass. A bucket is still launched
+// the moment its last gradient is complete, so the all-reduce of the last layers overlaps
+// the backward work the schedule has left. Gradients written outside autograd (the
+// deferred weight gradients of zero-bubble schedules) are reported with
+// gradient_accumulated().
+//
 // Each bucket carries, after the gradients, one flag per parameter saying whether this
 // rank had a gradient for it. A parameter that no rank gives a gradient keeps an undefined
 // gradient, as it would in one process, so the optimizer skips it (no weight decay or
@@ -39,6 +48,7 @@
 #include <torch/nn/module.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +65,14 @@ struct DataParallelOptions {
   bool rebuild_buckets = true;
   // Broadcast buffers (e.g. running statistics) from rank 0 along with the parameters.
   bool broadcast_buffers = true;
+  // Accumulations that complete one step's gradient of a parameter: 1 for plain data
+  // parallelism, m for a pipeline stage running m micro-batches.
+  int contributions_per_step = 1;
+  enum class SyncPoint {
+    kEndOfBackward,  // an engine callback at the end of the backward pass ends the step
+    kExplicit,       // the caller ends the step with synchronize()
+  };
+  SyncPoint sync_point = SyncPoint::kEndOfBackward;
 };
 
 // What one synchronised step's communication looked like. Times in steady-clock
@@ -107,6 +125,14 @@ class DataParallel {
   };
   NoSync no_sync() { return NoSync(*this); }
 
+  // Counts one accumulation of `param`'s gradient made outside autograd (deferred weight
+  // gradients). Throws InvalidArgument for a tensor that is not one of the parameters.
+  void gradient_accumulated(const at::Tensor& param);
+  // SyncPoint::kExplicit only: launches the buckets still waiting (parameters that got
+  // fewer contributions than expected count what they have), waits for every bucket and
+  // writes the averages back. Throws CommError when synchronisation failed.
+  void synchronize();
+
   // Statistics of the last synchronised backward.
   const StepCommStats& last_step() const { return last_; }
   // Current bucket assignment: indices into the module's parameters that require
@@ -149,7 +175,8 @@ class DataParallel {
   std::vector<std::vector<size_t>> assignment_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param -> bucket
-  std::vector<bool> ready_;        // param -> gradient ready this step
+  std::vector<int> contributions_;  // param -> accumulations counted this step
+  std::map<const void*, size_t> index_of_;  // parameter TensorImpl -> index
   std::vector<size_t> ready_order_;
   size_t next_launch_ = 0;
   bool in_step_ = false;

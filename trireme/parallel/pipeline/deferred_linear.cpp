@@ -31,11 +31,15 @@ torch::autograd::variable_list linear_backward(const at::Tensor& x, const at::Te
     return std::make_pair(g2.t().mm(x2), bias.defined() ? g2.sum(0) : at::Tensor());
   };
   if (current_queue) {
-    current_queue->push([weight_grads, weight, bias] {
-      const auto [grad_weight, grad_bias] = weight_grads();
-      accumulate(weight, grad_weight);
-      if (bias.defined()) accumulate(bias, grad_bias);
-    });
+    std::vector<at::Tensor> params{weight};
+    if (bias.defined()) params.push_back(bias);
+    current_queue->push(
+        [weight_grads, weight, bias] {
+          const auto [grad_weight, grad_bias] = weight_grads();
+          accumulate(weight, grad_weight);
+          if (bias.defined()) accumulate(bias, grad_bias);
+        },
+        std::move(params));
     return {grad_x, at::Tensor(), at::Tensor()};
   }
   const auto [grad_weight, grad_bias] = weight_grads();
@@ -76,10 +80,18 @@ struct DeferredLinearNoBias : torch::autograd::Function<DeferredLinearNoBias> {
 
 }  // namespace
 
-void WeightGradQueue::run_all() {
-  auto work = std::move(work_);
+void WeightGradQueue::push(std::function<void()> work, std::vector<at::Tensor> params) {
+  work_.push_back({std::move(work), std::move(params)});
+}
+
+void WeightGradQueue::run_all(const std::function<void(const at::Tensor&)>& on_accumulated) {
+  auto items = std::move(work_);
   work_.clear();
-  for (auto& w : work) w();
+  for (auto& item : items) {
+    item.work();
+    if (on_accumulated)
+      for (const auto& p : item.params) on_accumulated(p);
+  }
 }
 
 DeferWeightGrads::DeferWeightGrads(WeightGradQueue& queue) : previous_(current_queue) {

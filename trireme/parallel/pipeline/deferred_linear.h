@@ -20,13 +20,19 @@ namespace trireme::pipeline {
 
 class WeightGradQueue {
  public:
-  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
-  // Runs and clears the queued work, in the order it was queued.
-  void run_all();
+  // `work` accumulates into the gradients of `params`.
+  void push(std::function<void()> work, std::vector<at::Tensor> params);
+  // Runs and clears the queued work, in the order it was queued; after each item, calls
+  // on_accumulated (if given) for every parameter whose gradient it accumulated into.
+  void run_all(const std::function<void(const at::Tensor&)>& on_accumulated = {});
   size_t size() const { return work_.size(); }
 
  private:
-  std::vector<std::function<void()>> work_;
+  struct Item {
+    std::function<void()> work;
+    std::vector<at::Tensor> params;
+  };
+  std::vector<Item> work_;
 };
 
 // While alive, deferred_linear backward passes on this thread queue their weight gradients

@@ -1,9 +1,11 @@
 // StageExecutor; see parallel/pipeline/executor.h.
 #include "trireme/parallel/pipeline/executor.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
 
 namespace trireme::pipeline {
 
@@ -29,32 +31,88 @@ int StageExecutor::tag(int micro, int chunk, bool gradient) const {
   return (micro * spec_.chunks + chunk) * 2 + (gradient ? 1 : 0);
 }
 
-at::Tensor StageExecutor::receive(int from, int tag) {
-  std::vector<at::Tensor> buffer{at::empty(activation_.shape, at::TensorOptions(activation_.dtype))};
-  dist::run_collective("pipeline receive", [&] { return group_->recv(buffer, from, tag); });
+namespace {
+
+std::string micro_text(int micro, int chunk, int chunks) {
+  return "micro-batch " + std::to_string(micro) + (chunks > 1 ? " chunk " + std::to_string(chunk) : "");
+}
+
+}  // namespace
+
+at::Tensor StageExecutor::receive(int from, int tag, const std::string& what) {
+  std::vector<at::Tensor> buffer{
+      at::empty(activation_.shape, at::TensorOptions(activation_.dtype).device(activation_.device))};
+  dist::run_collective(what.c_str(), [&] { return group_->recv(buffer, from, tag); });
   return buffer[0];
 }
 
+void StageExecutor::send(at::Tensor tensor, int to, int tag, std::string what) {
+  std::vector<at::Tensor> tensors{tensor};
+  PendingSend pending;
+  try {
+    pending.work = group_->send(tensors, to, tag);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, what, " failed: ", dist::error_text(e));
+  }
+  pending.tensor = std::move(tensor);
+  pending.what = std::move(what);
+  if (recording_) pending.record = static_cast<int>(stats_.executed.size()) - 1;  // this send
+  sends_.push_back(std::move(pending));
+}
+
+void StageExecutor::retire_completed_sends() {
+  // Completed sends release their tensors early; failures surface in wait_all_sends. Not
+  // every backend's Work has a completion callback (Gloo's sends do not), so a send's end
+  // is when it was first seen complete, between two instructions.
+  size_t done = 0;
+  while (done < sends_.size() && sends_[done].work->isCompleted() && sends_[done].work->isSuccess()) {
+    if (sends_[done].record >= 0) stats_.executed[sends_[done].record].end_us = obs::now_us();
+    ++done;
+  }
+  sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void StageExecutor::wait_all_sends() {
+  for (auto& pending : sends_) {
+    dist::wait_work(pending.work, pending.what.c_str());
+    if (pending.record >= 0) stats_.executed[pending.record].end_us = obs::now_us();
+  }
+  sends_.clear();
+}
+
 double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
-                          const std::function<void()>& reduce_gradients) {
+                          const StageCallbacks& callbacks) {
   TRIREME_CHECK(static_cast<int>(micro_batches.size()) == spec_.micro_batches, "expected ",
                 spec_.micro_batches, " micro-batches, got ", micro_batches.size());
   double loss_sum = 0;
   slots_.clear();
-  for (const Step& step : schedule_[stage_])
-    for (const Instruction& instruction : step)
-      execute(instruction, micro_batches, reduce_gradients, &loss_sum);
-  for (auto& [work, tensor] : sends_) dist::wait_work(work, "pipeline send");
   sends_.clear();
+  stats_ = StageRunStats{};
+  live_ = 0;
+  for (const Step& step : schedule_[stage_]) {
+    for (const Instruction& instruction : step) {
+      const double start = obs::now_us();
+      if (recording_) stats_.executed.push_back({instruction, start, start});
+      const size_t record = stats_.executed.size() - 1;
+      execute(instruction, micro_batches, callbacks, &loss_sum);
+      // A send's end is its completion, filled in when it is retired.
+      if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
+          !std::holds_alternative<SendGradient>(instruction))
+        stats_.executed[record].end_us = obs::now_us();
+      retire_completed_sends();
+    }
+  }
+  wait_all_sends();
   slots_.clear();
   return loss_sum;
 }
 
 void StageExecutor::execute(const Instruction& instruction,
                             const std::vector<MicroBatch>& micro_batches,
-                            const std::function<void()>& reduce_gradients, double* loss_sum) {
+                            const StageCallbacks& callbacks, double* loss_sum) {
   const int p = spec_.stages, last = spec_.stages * spec_.chunks - 1;
   auto virtual_stage = [&](int chunk) { return chunk * p + stage_; };
+  const std::string here = "pipeline stage " + std::to_string(stage_) + ": ";
   if (const auto* f = std::get_if<Forward>(&instruction)) {
     Slot& slot = slots_[{f->micro, f->chunk}];
     const int vs = virtual_stage(f->chunk);
@@ -65,6 +123,7 @@ void StageExecutor::execute(const Instruction& instruction,
       slot.output = loss_(slot.output, micro_batches[f->micro].targets) / spec_.micro_batches;
       *loss_sum += slot.output.item<double>();
     }
+    stats_.peak_live_micro_batches = std::max(stats_.peak_live_micro_batches, ++live_);
   } else if (const auto* b = std::get_if<BackwardInput>(&instruction)) {
     Slot& slot = slots_[{b->micro, b->chunk}];
     std::optional<DeferWeightGrads> defer;
@@ -74,26 +133,39 @@ void StageExecutor::execute(const Instruction& instruction,
     else
       slot.output.backward(slot.output_grad);
     slot.output = at::Tensor();  // frees this micro-batch's graph
+    slot.output_grad = at::Tensor();
+    --live_;
   } else if (const auto* w = std::get_if<BackwardWeight>(&instruction)) {
-    slots_[{w->micro, w->chunk}].weight_grads.run_all();
+    slots_[{w->micro, w->chunk}].weight_grads.run_all(callbacks.weight_grad_accumulated);
   } else if (const auto* x = std::get_if<SendActivation>(&instruction)) {
     at::Tensor out = slots_[{x->micro, x->chunk}].output.detach().contiguous();
-    std::vector<at::Tensor> tensors{out};
     // The receiver files it under its own chunk: (vs + 1) / p.
     const int to_chunk = (virtual_stage(x->chunk) + 1) / p;
-    sends_.emplace_back(group_->send(tensors, x->to_stage, tag(x->micro, to_chunk, false)), out);
+    send(out, x->to_stage, tag(x->micro, to_chunk, false),
+         here + "send of the activation of " + micro_text(x->micro, x->chunk, spec_.chunks) +
+             " to stage " + std::to_string(x->to_stage));
   } else if (const auto* x = std::get_if<RecvActivation>(&instruction)) {
     slots_[{x->micro, x->chunk}].input =
-        receive(x->from_stage, tag(x->micro, x->chunk, false)).requires_grad_(true);
+        receive(x->from_stage, tag(x->micro, x->chunk, false),
+                here + "receive of the activation of " + micro_text(x->micro, x->chunk, spec_.chunks) +
+                    " from stage " + std::to_string(x->from_stage))
+            .requires_grad_(true);
   } else if (const auto* x = std::get_if<SendGradient>(&instruction)) {
-    at::Tensor grad = slots_[{x->micro, x->chunk}].input.grad().contiguous();
-    std::vector<at::Tensor> tensors{grad};
+    Slot& slot = slots_[{x->micro, x->chunk}];
+    at::Tensor grad = slot.input.grad().contiguous();
+    slot.input = at::Tensor();
     const int to_chunk = (virtual_stage(x->chunk) - 1) / p;
-    sends_.emplace_back(group_->send(tensors, x->to_stage, tag(x->micro, to_chunk, true)), grad);
+    send(grad, x->to_stage, tag(x->micro, to_chunk, true),
+         here + "send of the input gradient of " + micro_text(x->micro, x->chunk, spec_.chunks) +
+             " to stage " + std::to_string(x->to_stage));
   } else if (const auto* x = std::get_if<RecvGradient>(&instruction)) {
-    slots_[{x->micro, x->chunk}].output_grad = receive(x->from_stage, tag(x->micro, x->chunk, true));
+    slots_[{x->micro, x->chunk}].output_grad =
+        receive(x->from_stage, tag(x->micro, x->chunk, true),
+                here + "receive of the output gradient of " +
+                    micro_text(x->micro, x->chunk, spec_.chunks) + " from stage " +
+                    std::to_string(x->from_stage));
   } else if (std::holds_alternative<ReduceGradients>(instruction)) {
-    if (reduce_gradients) reduce_gradients();
+    if (callbacks.reduce_gradients) callbacks.reduce_gradients();
   } else if (std::holds_alternative<LoadMicroBatch>(instruction) ||
              std::holds_alternative<OptimizerStep>(instruction)) {
     // Micro-batches are handed to run(); the optimizer step is the caller's.

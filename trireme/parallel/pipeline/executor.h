@@ -10,14 +10,23 @@
 //   B          backward from the loss, or from the gradient received for the output
 //   send-grad  asynchronous send of the input's gradient to the previous stage
 //   recv-grad  receive the gradient of this part's output
-//   reduce     the caller's data-parallel gradient reduction
+//   reduce     the caller's data-parallel gradient reduction (StageCallbacks)
 // Activation shape and dtype are agreed once per run (every activation between parts has
 // the same shape: micro-batch x sequence x width for the GPT). For zb-h1, B runs with the
 // linear layers' weight gradients deferred (deferred_linear.h) into the micro-batch's
 // queue, and W runs that queue.
+//
+// Failures name the stage: a neighbour that died or timed out surfaces as a CommError
+// "pipeline stage 0: receive of the activation of micro-batch 3 from stage 1 failed: ...".
+// With recording on, run() keeps the start and end of every instruction it executed
+// (steady-clock microseconds, obs/clock.h); a send ends when it is
+// first seen complete (checked between instructions), a receive when its data has arrived.
 #pragma once
 
+#include <atomic>
 #include <functional>
+#include <memory>
+#include <string>
 #include <map>
 #include <vector>
 
@@ -40,6 +49,27 @@ struct MicroBatch {
 struct ActivationSpec {
   std::vector<int64_t> shape;
   at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+// What the executor calls back into (all optional).
+struct StageCallbacks {
+  // At the ReduceGradients instruction: the data-parallel reduction of this stage's
+  // gradients (e.g. DataParallel::synchronize).
+  std::function<void()> reduce_gradients;
+  // After a W instruction accumulated into a parameter's gradient outside autograd
+  // (e.g. DataParallel::gradient_accumulated).
+  std::function<void(const at::Tensor&)> weight_grad_accumulated;
+};
+
+struct ExecutedInstruction {
+  Instruction instruction;
+  double start_us = 0, end_us = 0;  // steady clock
+};
+
+struct StageRunStats {
+  std::vector<ExecutedInstruction> executed;  // only when recording
+  int peak_live_micro_batches = 0;  // forwarded and not yet backwarded (B), at most
 };
 
 class StageExecutor {
@@ -49,21 +79,34 @@ class StageExecutor {
                 LossFunction loss, ActivationSpec activation, dist::Group pp_group);
 
   // Runs every step of one optimizer step. micro_batches has spec.micro_batches entries
-  // (only inputs are needed on the first stage and targets on the last). Calls
-  // reduce_gradients at the ReduceGradients instruction. Returns the sum over micro-batches
-  // of loss / m on the stage holding the last part, 0 elsewhere. Throws CommError when a
-  // neighbour fails or times out.
-  double run(const std::vector<MicroBatch>& micro_batches,
-             const std::function<void()>& reduce_gradients);
+  // (only inputs are needed on the first stage and targets on the last). Returns the sum
+  // over micro-batches of loss / m on the stage holding the last part, 0 elsewhere. Throws
+  // CommError naming this stage and the neighbour when a neighbour fails or times out.
+  double run(const std::vector<MicroBatch>& micro_batches, const StageCallbacks& callbacks = {});
+
+  // Keep the timing of every executed instruction in last_run() (off by default).
+  void set_recording(bool on) { recording_ = on; }
+  const StageRunStats& last_run() const { return stats_; }
+  int stage() const { return stage_; }
+  const ScheduleSpec& spec() const { return spec_; }
 
  private:
   struct Slot {
     at::Tensor input, output, output_grad;
     WeightGradQueue weight_grads;  // zb-h1: filled by B, run by W
   };
+  struct PendingSend {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor tensor;  // kept alive until the send completed
+    std::string what;
+    int record = -1;    // index into stats_.executed, or -1
+  };
   void execute(const Instruction& instruction, const std::vector<MicroBatch>& micro_batches,
-               const std::function<void()>& reduce_gradients, double* loss_sum);
-  at::Tensor receive(int from, int tag);
+               const StageCallbacks& callbacks, double* loss_sum);
+  at::Tensor receive(int from, int tag, const std::string& what);
+  void send(at::Tensor tensor, int to, int tag, std::string what);
+  void retire_completed_sends();
+  void wait_all_sends();
   int tag(int micro, int chunk, bool gradient) const;
 
   ScheduleSpec spec_;
@@ -74,7 +117,10 @@ class StageExecutor {
   dist::Group group_;
   std::vector<std::vector<Step>> schedule_;  // built once
   std::map<std::pair<int, int>, Slot> slots_;  // (micro, chunk)
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends_;
+  std::vector<PendingSend> sends_;
+  bool recording_ = false;
+  StageRunStats stats_;
+  int live_ = 0;
 };
 
 }  // namespace trireme::pipeline

@@ -105,6 +105,42 @@ void validate(const ScheduleSpec& spec) {
                 ", got ", spec.micro_batches);
 }
 
+bool is_compute(const Instruction& i) {
+  return std::holds_alternative<Forward>(i) || std::holds_alternative<BackwardInput>(i) ||
+         std::holds_alternative<BackwardWeight>(i);
+}
+
+bool is_communication(const Instruction& i) {
+  return std::holds_alternative<SendActivation>(i) || std::holds_alternative<RecvActivation>(i) ||
+         std::holds_alternative<SendGradient>(i) || std::holds_alternative<RecvGradient>(i);
+}
+
+std::pair<int, int> micro_and_chunk(const Instruction& instruction) {
+  return std::visit(Overloaded{
+                        [](const LoadMicroBatch& x) { return std::make_pair(x.micro, 0); },
+                        [](const ReduceGradients&) { return std::make_pair(-1, -1); },
+                        [](const OptimizerStep&) { return std::make_pair(-1, -1); },
+                        [](const auto& x) { return std::make_pair(x.micro, x.chunk); },
+                    },
+                    instruction);
+}
+
+std::string compact_name(const Instruction& i, int chunks) {
+  std::string out;
+  if (const auto* b = std::get_if<BackwardInput>(&i))
+    out = b->with_weights ? "B" : "b";
+  else if (std::holds_alternative<Forward>(i))
+    out = "F";
+  else if (std::holds_alternative<BackwardWeight>(i))
+    out = "W";
+  else
+    return "";
+  const auto [micro, chunk] = micro_and_chunk(i);
+  out += std::to_string(micro);
+  if (chunks > 1) out += "." + std::to_string(chunk);
+  return out;
+}
+
 std::string to_string(const Instruction& instruction) {
   std::ostringstream out;
   std::visit(Overloaded{

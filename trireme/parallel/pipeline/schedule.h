@@ -31,6 +31,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -71,6 +72,15 @@ using Step = std::vector<Instruction>;
 
 // One line per instruction, e.g. "F m3 c0", "send-act m3 c0 -> 1".
 std::string to_string(const Instruction& instruction);
+// "F3" (forward of micro-batch 3), "B3" (full backward), "b3" (input-gradient backward),
+// "W3" (weight-gradient backward), with ".c" for chunk c when chunks > 1; "" for others.
+std::string compact_name(const Instruction& instruction, int chunks);
+// F, B or W.
+bool is_compute(const Instruction& instruction);
+// A send or receive of an activation or gradient.
+bool is_communication(const Instruction& instruction);
+// The micro-batch and chunk an instruction is about; {-1, -1} for those about none.
+std::pair<int, int> micro_and_chunk(const Instruction& instruction);
 
 // The order in which a stage runs its F/B/W instructions (no communication).
 std::vector<Instruction> compute_order(const ScheduleSpec& spec, int stage);

@@ -1,0 +1,73 @@
+// The data-parallel engine of `trireme train gpt`; see cli/train_engine.h.
+#include <optional>
+
+#include "trireme/cli/train_engine.h"
+#include "trireme/models/gpt.h"
+
+namespace trireme::cli {
+namespace {
+
+class DataParallelEngine final : public TrainEngine {
+ public:
+  DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
+      : model_(opt.model, static_cast<uint64_t>(opt.seed)), leader_(groups.rank == 0) {
+    model_->to(device);
+    parallel::DataParallelOptions dp_options;
+    dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
+    dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
+    ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"), dp_options);
+  }
+
+  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+  dist::Group gradient_shard_group() override { return {}; }
+
+  double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
+                  const StepTrace& trace) override {
+    at::Tensor local_loss = at::zeros({1}, at::TensorOptions(at::kDouble).device(micro_batches[0].inputs.device()));
+    const size_t m = micro_batches.size();
+    for (size_t k = 0; k < m; ++k) {
+      std::optional<parallel::DataParallel::NoSync> no_sync;
+      if (k + 1 < m) no_sync.emplace(*ddp_);
+      const double f0 = obs::now_us();
+      at::Tensor loss = model_->loss(micro_batches[k].inputs, micro_batches[k].targets) / static_cast<double>(m);
+      const double f1 = obs::now_us();
+      loss.backward();
+      const double b1 = obs::now_us();
+      local_loss += loss.detach().to(at::kDouble);
+      times->forward_us += f1 - f0;
+      times->backward_us += b1 - f1;
+      if (trace.timeline) {
+        trace.timeline->add({"forward", "compute", obs::Lane::kCompute, trace.clock->wall(f0), f1 - f0, ""});
+        trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f1), b1 - f1, ""});
+      }
+    }
+    return local_loss.item<double>();
+  }
+
+  const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
+
+  std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    if (!leader_) return named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    return named;
+  }
+
+  models::GptImpl* whole_model() override { return model_.get(); }
+  void summarize(obs::JsonObject&) const override {}
+  std::string describe() const override { return "whole model on every rank"; }
+
+ private:
+  models::Gpt model_;
+  bool leader_;
+  std::unique_ptr<parallel::DataParallel> ddp_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
+                                                       dist::MeshGroups& groups, at::Device device) {
+  return std::make_unique<DataParallelEngine>(options, groups, device);
+}
+
+}  // namespace trireme::cli

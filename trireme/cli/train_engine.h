@@ -1,0 +1,83 @@
+// How one rank of `trireme train gpt` computes a step's gradients. train_worker.cpp owns
+// the loop (data, learning rate, clipping, AdamW, metrics, timelines); an engine owns the
+// model's layout on this rank:
+//   data-parallel engine   the whole model, wrapped in DataParallel; micro-batches are
+//                          gradient accumulation (no_sync on all but the last)
+//   pipeline engine        this rank's stage (its layers only, parallel/pipeline/stage.h),
+//                          run by StageExecutor through the schedule; the stage's
+//                          gradients are all-reduced across its data-parallel group by
+//                          DataParallel in explicit mode, each bucket launched as soon as
+//                          its gradients are complete, overlapping the remaining backward
+//                          work of the schedule
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trireme/cli/train_options.h"
+#include "trireme/data/batch.h"
+#include "trireme/dist/world.h"
+#include "trireme/obs/clock.h"
+#include "trireme/obs/json.h"
+#include "trireme/obs/timeline.h"
+#include "trireme/parallel/data/data_parallel.h"
+
+namespace trireme::models {
+class GptImpl;
+}
+
+namespace trireme::cli {
+
+struct StepTimes {
+  double forward_us = 0, backward_us = 0, optimizer_us = 0, step_us = 0;
+};
+
+// Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.
+struct ClockMap {
+  double offset = obs::wall_us() - obs::now_us();
+  double wall(double steady_us) const { return steady_us + offset; }
+};
+
+// What one step's trace goes into (null when the step is not traced).
+struct StepTrace {
+  obs::Timeline* timeline = nullptr;
+  const ClockMap* clock = nullptr;
+  int64_t step = 0;  // 1-based
+};
+
+class TrainEngine {
+ public:
+  virtual ~TrainEngine() = default;
+
+  // The parameters this rank's optimizer updates.
+  virtual std::vector<at::Tensor> parameters() = 0;
+  // The group across which this rank's gradients are disjoint shares of the model's (for
+  // the global gradient norm); null when every rank holds every gradient.
+  virtual dist::Group gradient_shard_group() = 0;
+  // Forward and backward of one step over this rank's micro-batches; on return the
+  // gradients are averaged across data-parallel replicas. Returns this rank's part of the
+  // loss: summed over all ranks and divided by dp, it is the global batch's mean loss.
+  virtual double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
+                          const StepTrace& trace) = 0;
+  virtual const parallel::StepCommStats& comm() const = 0;
+  // The parameters this rank contributes to --dump-params, named as in the whole model
+  // (empty on ranks whose copy another rank writes).
+  virtual std::vector<std::pair<std::string, at::Tensor>> dump_parameters() = 0;
+  // The whole model when this rank holds it (for the sample at the end), else null.
+  virtual models::GptImpl* whole_model() = 0;
+  // Adds facts about this rank to its entry in run.json (layers held, peak memory, ...).
+  virtual void summarize(obs::JsonObject& out) const = 0;
+  // One line for the start-up banner (rank 0), e.g. the stages' layers.
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
+                                                       dist::MeshGroups& groups, at::Device device);
+std::unique_ptr<TrainEngine> make_pipeline_engine(const TrainOptions& options, dist::World& world,
+                                                  dist::MeshGroups& groups, at::Device device);
+
+}  // namespace trireme::cli

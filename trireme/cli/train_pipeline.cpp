@@ -1,0 +1,170 @@
+// The pipeline engine of `trireme train gpt`; see cli/train_engine.h.
+#include "trireme/cli/train_engine.h"
+#include "trireme/common/error.h"
+#include "trireme/models/gpt.h"
+#include "trireme/obs/memory.h"
+#include "trireme/parallel/pipeline/executor.h"
+#include "trireme/parallel/pipeline/stage.h"
+
+namespace trireme::cli {
+namespace {
+
+// The layer costs every rank partitions by: rank 0's measurement (or parameter counts),
+// broadcast so that all ranks cut the model at the same places.
+std::vector<double> agreed_costs(const TrainOptions& opt, dist::World& world,
+                                 const pipeline::LayerList& layers, at::Device device) {
+  std::vector<double> costs;
+  if (opt.pp_balance == "params") return pipeline::parameter_costs(layers);
+  const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+  if (world.rank() == 0) {
+    const at::Tensor sample =
+        at::randint(opt.model.vocab, {micro, opt.model.seq_len}, at::TensorOptions(at::kLong).device(device));
+    costs = pipeline::measured_costs(layers, sample, /*reps=*/3);
+  } else {
+    costs.assign(layers.size(), 0.0);
+  }
+  std::vector<at::Tensor> buffer{at::tensor(costs, at::kDouble).to(device)};
+  c10d::BroadcastOptions root;
+  root.rootRank = 0;
+  dist::run_collective("layer cost broadcast", [&] { return world.group()->broadcast(buffer, root); });
+  const at::Tensor agreed = buffer[0].cpu();
+  return std::vector<double>(agreed.data_ptr<double>(), agreed.data_ptr<double>() + agreed.numel());
+}
+
+class PipelineEngine final : public TrainEngine {
+ public:
+  PipelineEngine(const TrainOptions& opt, dist::World& world, dist::MeshGroups& groups, at::Device device)
+      : spec_{pipeline::parse_schedule(opt.schedule), opt.pp, static_cast<int>(opt.micro_batches),
+              opt.chunks},
+        stage_(groups.coord("pp")),
+        first_replica_(groups.coord("dp") == 0),
+        pp_group_(groups.axis("pp")) {
+    obs::CpuMemory::install();
+    const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
+    std::vector<pipeline::LayerRange> ranges;
+    {
+      // Build the whole model (so every stage starts from the one-process values), keep
+      // this stage's layers, and let the rest go with the model at the end of the scope.
+      models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed));
+      whole->to(device);
+      whole->set_split_backward(split);
+      const pipeline::LayerList layers = whole->layers();
+      const int parts = spec_.stages * spec_.chunks;
+      if (!opt.pp_split.empty()) {
+        ranges = pipeline::parse_split(opt.pp_split, static_cast<int>(layers.size()), parts);
+      } else {
+        ranges = pipeline::balance_partition(agreed_costs(opt, world, layers, device), parts);
+      }
+      split_text_ = pipeline::format_split(ranges);
+      std::vector<pipeline::LayerRange> mine;
+      for (int c = 0; c < spec_.chunks; ++c) mine.push_back(ranges[c * spec_.stages + stage_]);
+      stage_module_ = std::make_shared<pipeline::StageModule>(layers, mine);
+    }
+    const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+    const int64_t vocab = opt.model.vocab;
+    executor_ = std::make_unique<pipeline::StageExecutor>(
+        spec_, stage_, stage_module_->parts(),
+        [vocab](const at::Tensor& logits, const at::Tensor& targets) {
+          return at::cross_entropy_loss(logits.reshape({-1, vocab}), targets.reshape({-1}));
+        },
+        pipeline::ActivationSpec{{micro, opt.model.seq_len, opt.model.dim}, at::kFloat, device}, pp_group_);
+    parallel::DataParallelOptions dp_options;
+    dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
+    dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
+    dp_options.contributions_per_step = spec_.micro_batches;
+    dp_options.sync_point = parallel::DataParallelOptions::SyncPoint::kExplicit;
+    ddp_ = std::make_unique<parallel::DataParallel>(stage_module_, groups.axis("dp"), dp_options);
+    for (const auto& p : stage_module_->parameters()) gradient_bytes_ += static_cast<int64_t>(p.nbytes());
+  }
+
+  std::vector<at::Tensor> parameters() override { return stage_module_->parameters(); }
+  dist::Group gradient_shard_group() override { return pp_group_; }
+
+  double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
+                  const StepTrace& trace) override {
+    std::vector<pipeline::MicroBatch> inputs;
+    for (const auto& b : micro_batches) inputs.push_back({b.inputs, b.targets});
+    pipeline::StageCallbacks callbacks;
+    callbacks.reduce_gradients = [this] { ddp_->synchronize(); };
+    callbacks.weight_grad_accumulated = [this](const at::Tensor& p) { ddp_->gradient_accumulated(p); };
+    executor_->set_recording(trace.timeline != nullptr);
+    const int64_t live_before = obs::CpuMemory::current_bytes();
+    obs::CpuMemory::reset_peak();
+    const double loss = executor_->run(inputs, callbacks);
+    peak_step_bytes_ = std::max(peak_step_bytes_, obs::CpuMemory::peak_bytes() - live_before);
+    peak_live_ = std::max(peak_live_, executor_->last_run().peak_live_micro_batches);
+    account(*times, trace);
+    return loss;
+  }
+
+  const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
+
+  std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
+    if (!first_replica_) return {};
+    return stage_module_->named_model_parameters();
+  }
+
+  models::GptImpl* whole_model() override { return nullptr; }
+
+  void summarize(obs::JsonObject& out) const override {
+    std::string chunks = "[";
+    for (int c = 0; c < spec_.chunks; ++c)
+      chunks += (c ? ", " : "") + obs::json_escape(stage_module_->describe_chunk(c));
+    chunks += "]";
+    // Peak bytes a step allocated on top of what was live before it, less the gradients
+    // it also allocates: the activations (and deferred weight-gradient inputs) kept for
+    // backward, the communication buffers and temporaries.
+    out.add_raw("layers", chunks)
+        .add("peak_step_bytes", peak_step_bytes_)
+        .add("gradient_bytes", gradient_bytes_)
+        .add("peak_activation_bytes", std::max<int64_t>(0, peak_step_bytes_ - gradient_bytes_))
+        .add("peak_live_micro_batches", peak_live_);
+  }
+
+  std::string describe() const override {
+    return std::string(pipeline::schedule_name(spec_.kind)) + ", " + std::to_string(spec_.micro_batches) +
+           " micro-batches, layers split " + split_text_;
+  }
+
+ private:
+  // Forward/backward totals for metrics.jsonl and, when traced, every instruction's span.
+  void account(StepTimes& times, const StepTrace& trace) {
+    const auto& executed = executor_->last_run().executed;
+    for (const auto& e : executed) {
+      const double us = e.end_us - e.start_us;
+      if (std::holds_alternative<pipeline::Forward>(e.instruction)) times.forward_us += us;
+      if (std::holds_alternative<pipeline::BackwardInput>(e.instruction) ||
+          std::holds_alternative<pipeline::BackwardWeight>(e.instruction))
+        times.backward_us += us;
+      if (!trace.timeline) continue;
+      const bool compute = pipeline::is_compute(e.instruction);
+      if (!compute && !pipeline::is_communication(e.instruction)) continue;
+      const auto [micro, chunk] = pipeline::micro_and_chunk(e.instruction);
+      trace.timeline->add({pipeline::to_string(e.instruction), "pipeline",
+                           compute ? obs::Lane::kCompute : obs::Lane::kComm,
+                           trace.clock->wall(e.start_us), e.end_us - e.start_us,
+                           obs::JsonObject().add("micro", micro).add("chunk", chunk).add("step", trace.step).str(),
+                           compute ? pipeline::compact_name(e.instruction, spec_.chunks).substr(1) : ""});
+    }
+  }
+
+  pipeline::ScheduleSpec spec_;
+  int stage_;
+  bool first_replica_;
+  dist::Group pp_group_;
+  std::string split_text_;
+  std::shared_ptr<pipeline::StageModule> stage_module_;
+  std::unique_ptr<pipeline::StageExecutor> executor_;
+  std::unique_ptr<parallel::DataParallel> ddp_;
+  int64_t gradient_bytes_ = 0, peak_step_bytes_ = 0;
+  int peak_live_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> make_pipeline_engine(const TrainOptions& options, dist::World& world,
+                                                  dist::MeshGroups& groups, at::Device device) {
+  return std::make_unique<PipelineEngine>(options, world, groups, device);
+}
+
+}  // namespace trireme::cli
