@@ -53,6 +53,37 @@ class TrainBadInput(unittest.TestCase):
     def test_unknown_device(self):
         self.refuse(["--nproc-per-node", "1", "--device", "tpu"] + SMALL, "--device tpu is not known")
 
+    # Pipeline combinations, refused before any process starts. SMALL has 1 block: 3 layers.
+    def test_more_stages_than_layers(self):
+        self.refuse(["--nproc-per-node", "4", "--pp", "4"] + SMALL,
+                    "4 pipeline parts but the model has only 3 layers")
+
+    def test_more_chunks_than_layers(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--schedule", "interleaved", "--chunks", "2",
+                     "--micro-batches", "2"] + SMALL, "4 pipeline parts but the model has only 3 layers")
+
+    def test_interleaved_micro_batches_not_multiple_of_stages(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--schedule", "interleaved",
+                     "--micro-batches", "1"] + SMALL, "needs --micro-batches a multiple of --pp 2")
+
+    def test_chunks_without_interleaved(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--chunks", "2"] + SMALL,
+                    "--chunks 2 needs --schedule interleaved")
+
+    def test_unknown_schedule(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--schedule", "2f2b"] + SMALL, "2f2b")
+
+    def test_schedule_without_pipeline(self):
+        self.refuse(["--nproc-per-node", "1", "--schedule", "gpipe"] + SMALL,
+                    "--schedule gpipe needs a pipeline")
+
+    def test_bad_pp_split(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--pp-split", "0:1,2:3"] + SMALL, "--pp-split")
+
+    def test_micro_batches_not_dividing_share(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--micro-batches", "3"] + SMALL,
+                    "not divisible by --micro-batches 3")
+
     def test_unknown_model(self):
         out = os.path.join(temp_dir(), "run")
         proc = run(["train", "bert", "--out", out], check=False)

@@ -143,6 +143,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   const dist::Mesh mesh = dist::Mesh::from_sizes(opt.dp, opt.tp, opt.pp, opt.mesh_order);
   dist::MeshGroups groups = world.mesh_groups(mesh);
   const int dp_rank = groups.coord("dp");
+  world.announce_role(opt.pp > 1 ? "pipeline stage " + std::to_string(groups.coord("pp")) + " of " +
+                                       std::to_string(opt.pp) + ", data-parallel replica " +
+                                       std::to_string(dp_rank)
+                                 : "data-parallel replica " + std::to_string(dp_rank) + " of " +
+                                       std::to_string(opt.dp));
   // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);

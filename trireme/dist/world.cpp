@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "trireme/common/error.h"
+#include "trireme/launch/agent_channel.h"
 
 namespace trireme::dist {
 namespace {
@@ -43,8 +44,12 @@ const Group& MeshGroups::axis(const std::string& name) const {
   return it->second;
 }
 
-World::World(WorldInfo info, WorldOptions options, Store store)
-    : info_(std::move(info)), options_(options), store_(std::move(store)) {}
+World::World(WorldInfo info, WorldOptions options, Store base, Store store)
+    : info_(std::move(info)), options_(options), base_store_(std::move(base)), store_(std::move(store)) {}
+
+void World::announce_role(const std::string& role) {
+  base_store_->set(launch::keys::role(rank()), std::vector<uint8_t>(role.begin(), role.end()));
+}
 
 World World::from_env(const WorldOptions& options) {
   return connect(world_info_from_env(), options);
@@ -54,7 +59,7 @@ World World::connect(const WorldInfo& info, const WorldOptions& options) {
   Store base = connect_store(info, options);
   Store store = c10::make_intrusive<c10d::PrefixStore>(
       "trireme/gen" + std::to_string(info.restart_count), base);
-  return World(info, options, std::move(store));
+  return World(info, options, base, std::move(store));
 }
 
 const Group& World::group() {

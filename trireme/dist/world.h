@@ -58,12 +58,16 @@ class World {
   Group new_group(const std::vector<int>& ranks, const std::string& tag);
   // One group per axis of `mesh` (which must cover the world).
   MeshGroups mesh_groups(const Mesh& mesh);
+  // Publishes a one-line description of this rank's place in the job (e.g. "pipeline
+  // stage 1 of 2, data-parallel replica 0"); `trireme run` names it if this rank fails.
+  void announce_role(const std::string& role);
 
  private:
-  World(WorldInfo info, WorldOptions options, Store store);
+  World(WorldInfo info, WorldOptions options, Store base, Store store);
 
   WorldInfo info_;
   WorldOptions options_;
+  Store base_store_;  // the launcher's keys
   Store store_;  // prefixed by the generation
   Group world_group_;
   int64_t groups_created_ = 0;

@@ -165,8 +165,14 @@ Agent::~Agent() {
 }
 
 std::string Agent::worker_name(const Worker& w) const {
+  std::string role;
+  try {
+    role = channel_.try_get(keys::role(w.rank)).value_or("");
+  } catch (const Error&) {
+    // The store is gone; the name without the role still identifies the worker.
+  }
   return "rank " + std::to_string(w.rank) + " (" + node() + ", local " +
-         std::to_string(w.local_rank) + ")";
+         std::to_string(w.local_rank) + (role.empty() ? "" : ", " + role) + ")";
 }
 
 LaunchResult Agent::run() {

@@ -29,6 +29,9 @@ inline constexpr const char* kReady = "trireme/agents/ready";
 inline constexpr const char* kFailure = "trireme/failure";
 inline constexpr const char* kDone = "trireme/agents/done";
 inline constexpr const char* kAllDone = "trireme/agents/all_done";
+// A worker's one-line role ("pipeline stage 1 of 2, data-parallel replica 0"), set by the
+// worker (dist::World::announce_role) and named by the agent when that worker fails.
+inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank); }
 }  // namespace keys
 
 class AgentChannel {
