@@ -86,8 +86,8 @@ class PipelineParity(unittest.TestCase):
     def test_interleaved_pp2_v2(self):
         self.check(2, 1, "interleaved", 4, 2)
 
-    def test_interleaved_pp4(self):
-        self.check(4, 1, "interleaved", 8)
+    def test_interleaved_pp2_v3(self):
+        self.check(2, 1, "interleaved", 4, 3)  # 6 parts: one layer per virtual stage
 
     def test_interleaved_dp2_pp2_v2(self):
         self.check(2, 2, "interleaved", 2, 2)

@@ -39,11 +39,36 @@ std::string micro_text(int micro, int chunk, int chunks) {
 
 }  // namespace
 
-at::Tensor StageExecutor::receive(int from, int tag, const std::string& what) {
-  std::vector<at::Tensor> buffer{
-      at::empty(activation_.shape, at::TensorOptions(activation_.dtype).device(activation_.device))};
-  dist::run_collective(what.c_str(), [&] { return group_->recv(buffer, from, tag); });
-  return buffer[0];
+void StageExecutor::post_receives(size_t step) {
+  if (step >= schedule_[stage_].size()) return;
+  for (const Instruction& instruction : schedule_[stage_][step]) {
+    int from = -1, t = -1;
+    if (const auto* x = std::get_if<RecvActivation>(&instruction))
+      from = x->from_stage, t = tag(x->micro, x->chunk, false);
+    else if (const auto* x = std::get_if<RecvGradient>(&instruction))
+      from = x->from_stage, t = tag(x->micro, x->chunk, true);
+    else
+      continue;
+    PostedReceive posted;
+    posted.buffer = at::empty(activation_.shape, at::TensorOptions(activation_.dtype).device(activation_.device));
+    std::vector<at::Tensor> buffers{posted.buffer};
+    try {
+      posted.work = group_->recv(buffers, from, t);
+    } catch (const std::exception& e) {
+      TRIREME_THROW(CommError, "pipeline stage ", stage_, ": posting the receive from stage ", from,
+                    " failed: ", dist::error_text(e));
+    }
+    receives_[t] = std::move(posted);
+  }
+}
+
+at::Tensor StageExecutor::receive(int tag, const std::string& what) {
+  auto it = receives_.find(tag);
+  TRIREME_ENFORCE_EQ(it != receives_.end(), true, "a receive that was never posted");
+  PostedReceive posted = std::move(it->second);
+  receives_.erase(it);
+  dist::wait_work(posted.work, what.c_str());
+  return posted.buffer;
 }
 
 void StageExecutor::send(at::Tensor tensor, int to, int tag, std::string what) {
@@ -89,8 +114,14 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
   sends_.clear();
   stats_ = StageRunStats{};
   live_ = 0;
-  for (const Step& step : schedule_[stage_]) {
-    for (const Instruction& instruction : step) {
+  receives_.clear();
+  const auto& steps = schedule_[stage_];
+  for (size_t k = 0; k < kReceiveLookahead && k < steps.size(); ++k) post_receives(k);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    // Receives are posted ahead of need, so the transfer overlaps this stage's compute
+    // (a Gloo transfer starts only once its receive is posted).
+    post_receives(k + kReceiveLookahead);
+    for (const Instruction& instruction : steps[k]) {
       const double start = obs::now_us();
       if (recording_) stats_.executed.push_back({instruction, start, start});
       const size_t record = stats_.executed.size() - 1;
@@ -146,7 +177,7 @@ void StageExecutor::execute(const Instruction& instruction,
              " to stage " + std::to_string(x->to_stage));
   } else if (const auto* x = std::get_if<RecvActivation>(&instruction)) {
     slots_[{x->micro, x->chunk}].input =
-        receive(x->from_stage, tag(x->micro, x->chunk, false),
+        receive(tag(x->micro, x->chunk, false),
                 here + "receive of the activation of " + micro_text(x->micro, x->chunk, spec_.chunks) +
                     " from stage " + std::to_string(x->from_stage))
             .requires_grad_(true);
@@ -160,7 +191,7 @@ void StageExecutor::execute(const Instruction& instruction,
              " to stage " + std::to_string(x->to_stage));
   } else if (const auto* x = std::get_if<RecvGradient>(&instruction)) {
     slots_[{x->micro, x->chunk}].output_grad =
-        receive(x->from_stage, tag(x->micro, x->chunk, true),
+        receive(tag(x->micro, x->chunk, true),
                 here + "receive of the output gradient of " +
                     micro_text(x->micro, x->chunk, spec_.chunks) + " from stage " +
                     std::to_string(x->from_stage));

@@ -6,7 +6,8 @@
 // from the previous stage) and output, so that backward can run when the schedule says:
 //   F          output = part(input); on the last virtual stage, output = loss / m
 //   send-act   asynchronous send of the output to the next stage (waited for at the end)
-//   recv-act   receive into a buffer of the agreed activation shape (blocks in its step)
+//   recv-act   wait for the receive into a buffer of the agreed activation shape; every
+//              receive is posted two steps ahead, so the transfer overlaps compute
 //   B          backward from the loss, or from the gradient received for the output
 //   send-grad  asynchronous send of the input's gradient to the previous stage
 //   recv-grad  receive the gradient of this part's output
@@ -103,7 +104,15 @@ class StageExecutor {
   };
   void execute(const Instruction& instruction, const std::vector<MicroBatch>& micro_batches,
                const StageCallbacks& callbacks, double* loss_sum);
-  at::Tensor receive(int from, int tag, const std::string& what);
+  struct PostedReceive {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor buffer;
+  };
+  // Receives are posted this many steps before the step that needs them.
+  static constexpr size_t kReceiveLookahead = 2;
+  void post_receives(size_t step);
+  // Waits for the posted receive of `tag`.
+  at::Tensor receive(int tag, const std::string& what);
   void send(at::Tensor tensor, int to, int tag, std::string what);
   void retire_completed_sends();
   void wait_all_sends();
@@ -118,6 +127,7 @@ class StageExecutor {
   std::vector<std::vector<Step>> schedule_;  // built once
   std::map<std::pair<int, int>, Slot> slots_;  // (micro, chunk)
   std::vector<PendingSend> sends_;
+  std::map<int, PostedReceive> receives_;  // by tag
   bool recording_ = false;
   StageRunStats stats_;
   int live_ = 0;
