@@ -15,11 +15,13 @@ namespace trireme::cli {
 namespace {
 
 constexpr const char* kTrainHelp =
-    "usage: trireme train gpt --nproc-per-node N [--dp N] [--steps S --batch B\n"
-    "                         --micro-batches M --seq T --layers L --dim D --heads H\n"
-    "                         --lr LR --seed SEED --data FILE --out DIR]\n"
-    "Trains the reference byte-level GPT on N local ranks (data parallel), writing\n"
-    "DIR/metrics.jsonl and DIR/trace.json, and prints a generated sample at the end.\n";
+    "usage: trireme train gpt --nproc-per-node N [--dp D --pp P --schedule S --chunks V]\n"
+    "                         [--steps S --batch B --micro-batches M --seq T --layers L\n"
+    "                         --dim C --heads H --lr LR --seed SEED --data FILE --out DIR]\n"
+    "Trains the reference byte-level GPT on N local ranks: data parallel, pipeline parallel\n"
+    "(--pp, schedules gpipe, 1f1b, interleaved, zb-h1) or both, writing DIR/metrics.jsonl,\n"
+    "trace.json, timeline.svg, loss.svg and run.json (draw the pipeline: trireme report DIR),\n"
+    "and prints a generated sample at the end when one rank holds the whole model.\n";
 
 void check_output_dir(const std::string& dir) {
   std::error_code error;
