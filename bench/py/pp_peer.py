@@ -42,7 +42,7 @@ compares speed).
 Rank 0 writes --out (JSON lines): per step {"step", "step_ms", "tokens_per_s", "loss"}, where
 step_ms is time.perf_counter() around schedule.step() + optimizer.step() + zero_grad() after a
 dist.barrier() that lines the ranks up, and loss is the mean micro-batch loss, broadcast to
-rank 0 from the rank holding the last stage after the timer stops (null if unavailable). At
+rank 0 from the rank holding the last stage after the timer stops (so it is never null). At
 the end one {"final": true, "rank": r, "maxrss_kb": ...} line per rank: the process's peak
 resident memory (getrusage). Every rank builds the whole model first, to draw the same
 initial parameters as gpt.py and Trireme, then keeps only its parts, so the peak includes one
@@ -68,6 +68,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.pipelining import schedules as pp_schedules
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import Gpt, GptConfig  # noqa: E402
@@ -121,6 +122,35 @@ class Part(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+
+class _AllWork:
+    """Every Work of one batch_isend_irecv; wait() waits for all of them."""
+
+    def __init__(self, works: list[dist.Work]):
+        self.works = works
+
+    def wait(self) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
+
+
+def _batch_p2p_all(p2p_ops: list[dist.P2POp], desc: str | None = None) -> _AllWork | None:
+    """torch 2.7.1's schedules._batch_p2p, keeping every Work instead of only the last.
+
+    The stock one returns dist.batch_isend_irecv(ops).pop(): right for NCCL, which coalesces
+    a batch into one Work, but Gloo returns one Work per op and the dropped ones (with their
+    Gloo buffers) are destroyed before they complete, so Schedule1F1B deadlocks on its first
+    fused send+recv (pytorch/pytorch#132644, fixed upstream by PR #152938, after 2.7).
+    """
+    if not p2p_ops:
+        return None
+    return _AllWork(dist.batch_isend_irecv(p2p_ops))
+
+
+# The schedules look the name up at call time, so this reaches every schedule class.
+pp_schedules._batch_p2p = _batch_p2p_all
 
 
 def layer_list(model: Gpt) -> list[nn.Module]:
@@ -182,7 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=int, default=None,
                     help="model chunks per rank (v); default 2 for interleaved, else 1")
     args = ap.parse_args(argv)
-    cls, default_chunks, multi_ok = SCHEDULES[args.schedule]
+    _, default_chunks, multi_ok = SCHEDULES[args.schedule]
     if args.chunks is None:
         args.chunks = default_chunks
     if args.chunks < 1:
