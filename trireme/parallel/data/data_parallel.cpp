@@ -10,6 +10,7 @@
 #include <map>
 
 #include "trireme/common/error.h"
+#include "trireme/common/intervals.h"
 #include "trireme/obs/clock.h"
 
 namespace trireme::parallel {
@@ -40,14 +41,7 @@ int64_t bucket_key(const at::Tensor& t) {
 double StepCommStats::comm_busy_us() const {
   std::vector<std::pair<double, double>> spans;
   for (const auto& b : buckets) spans.emplace_back(b.launch_us, b.done_us);
-  std::sort(spans.begin(), spans.end());
-  double busy = 0, end = -1e300;
-  for (const auto& [s, e] : spans) {
-    if (e <= end) continue;
-    busy += e - std::max(s, end);
-    end = e;
-  }
-  return busy;
+  return union_length(std::move(spans));
 }
 
 int StepCommStats::buckets_overlapped() const {

@@ -2,7 +2,6 @@
 #include "trireme/parallel/pipeline/picture.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -10,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trireme/common/error.h"
+#include "trireme/common/intervals.h"
 
 namespace trireme::pipeline {
 namespace {
@@ -17,18 +17,6 @@ namespace {
 constexpr double kStepUs = 1000.0;  // one step drawn as one millisecond
 
 constexpr const char* kPipelineCategory = "pipeline";
-
-// Total length of the union of [start, end) intervals.
-double union_length(std::vector<std::pair<double, double>> spans) {
-  std::sort(spans.begin(), spans.end());
-  double total = 0, covered_to = -std::numeric_limits<double>::infinity();
-  for (const auto& [start, end] : spans) {
-    const double from = std::max(start, covered_to);
-    if (end > from) total += end - from;
-    covered_to = std::max(covered_to, end);
-  }
-  return total;
-}
 
 }  // namespace
 
