@@ -31,56 +31,69 @@ int StageExecutor::tag(int micro, int chunk, bool gradient) const {
   return (micro * spec_.chunks + chunk) * 2 + (gradient ? 1 : 0);
 }
 
-namespace {
-
-std::string micro_text(int micro, int chunk, int chunks) {
-  return "micro-batch " + std::to_string(micro) + (chunks > 1 ? " chunk " + std::to_string(chunk) : "");
+std::string StageExecutor::exchange_text(const Instruction& instruction) const {
+  const auto [micro, chunk] = micro_and_chunk(instruction);
+  const std::string what = "micro-batch " + std::to_string(micro) +
+                           (spec_.chunks > 1 ? " chunk " + std::to_string(chunk) : "");
+  std::string text = "pipeline stage " + std::to_string(stage_) + ": ";
+  if (const auto* x = std::get_if<SendActivation>(&instruction))
+    text += "send of the activation of " + what + " to stage " + std::to_string(x->to_stage);
+  else if (const auto* x = std::get_if<RecvActivation>(&instruction))
+    text += "receive of the activation of " + what + " from stage " + std::to_string(x->from_stage);
+  else if (const auto* x = std::get_if<SendGradient>(&instruction))
+    text += "send of the input gradient of " + what + " to stage " + std::to_string(x->to_stage);
+  else if (const auto* x = std::get_if<RecvGradient>(&instruction))
+    text += "receive of the output gradient of " + what + " from stage " + std::to_string(x->from_stage);
+  else
+    text += to_string(instruction);
+  return text;
 }
 
-}  // namespace
+std::pair<int, int> StageExecutor::receive_source(const Instruction& instruction) const {
+  if (const auto* x = std::get_if<RecvActivation>(&instruction))
+    return {x->from_stage, tag(x->micro, x->chunk, false)};
+  if (const auto* x = std::get_if<RecvGradient>(&instruction))
+    return {x->from_stage, tag(x->micro, x->chunk, true)};
+  return {-1, -1};
+}
 
 void StageExecutor::post_receives(size_t step) {
   if (step >= schedule_[stage_].size()) return;
   for (const Instruction& instruction : schedule_[stage_][step]) {
-    int from = -1, t = -1;
-    if (const auto* x = std::get_if<RecvActivation>(&instruction))
-      from = x->from_stage, t = tag(x->micro, x->chunk, false);
-    else if (const auto* x = std::get_if<RecvGradient>(&instruction))
-      from = x->from_stage, t = tag(x->micro, x->chunk, true);
-    else
-      continue;
+    const auto [from, t] = receive_source(instruction);
+    if (from < 0) continue;
     PostedReceive posted;
     posted.buffer = at::empty(activation_.shape, at::TensorOptions(activation_.dtype).device(activation_.device));
     std::vector<at::Tensor> buffers{posted.buffer};
     try {
       posted.work = group_->recv(buffers, from, t);
     } catch (const std::exception& e) {
-      TRIREME_THROW(CommError, "pipeline stage ", stage_, ": posting the receive from stage ", from,
-                    " failed: ", dist::error_text(e));
+      TRIREME_THROW(CommError, "posting the ", exchange_text(instruction), " failed: ",
+                    dist::error_text(e));
     }
     receives_[t] = std::move(posted);
   }
 }
 
-at::Tensor StageExecutor::receive(int tag, const std::string& what) {
-  auto it = receives_.find(tag);
+at::Tensor StageExecutor::receive(const Instruction& instruction) {
+  auto it = receives_.find(receive_source(instruction).second);
   TRIREME_ENFORCE_EQ(it != receives_.end(), true, "a receive that was never posted");
   PostedReceive posted = std::move(it->second);
   receives_.erase(it);
-  dist::wait_work(posted.work, what.c_str());
+  dist::wait_work(posted.work, exchange_text(instruction).c_str());
   return posted.buffer;
 }
 
-void StageExecutor::send(at::Tensor tensor, int to, int tag, std::string what) {
+void StageExecutor::send(at::Tensor tensor, int to, int tag, const Instruction& instruction) {
   std::vector<at::Tensor> tensors{tensor};
   PendingSend pending;
+  pending.what = exchange_text(instruction);
   try {
     pending.work = group_->send(tensors, to, tag);
   } catch (const std::exception& e) {
-    TRIREME_THROW(CommError, what, " failed: ", dist::error_text(e));
+    TRIREME_THROW(CommError, pending.what, " failed: ", dist::error_text(e));
   }
   pending.tensor = std::move(tensor);
-  pending.what = std::move(what);
   if (recording_) pending.record = static_cast<int>(stats_.executed.size()) - 1;  // this send
   sends_.push_back(std::move(pending));
 }
@@ -124,12 +137,11 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
     for (const Instruction& instruction : steps[k]) {
       const double start = obs::now_us();
       if (recording_) stats_.executed.push_back({instruction, start, start});
-      const size_t record = stats_.executed.size() - 1;
       execute(instruction, micro_batches, callbacks, &loss_sum);
       // A send's end is its completion, filled in when it is retired.
       if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
           !std::holds_alternative<SendGradient>(instruction))
-        stats_.executed[record].end_us = obs::now_us();
+        stats_.executed.back().end_us = obs::now_us();
       retire_completed_sends();
     }
   }
@@ -143,7 +155,6 @@ void StageExecutor::execute(const Instruction& instruction,
                             const StageCallbacks& callbacks, double* loss_sum) {
   const int p = spec_.stages, last = spec_.stages * spec_.chunks - 1;
   auto virtual_stage = [&](int chunk) { return chunk * p + stage_; };
-  const std::string here = "pipeline stage " + std::to_string(stage_) + ": ";
   if (const auto* f = std::get_if<Forward>(&instruction)) {
     Slot& slot = slots_[{f->micro, f->chunk}];
     const int vs = virtual_stage(f->chunk);
@@ -172,29 +183,17 @@ void StageExecutor::execute(const Instruction& instruction,
     at::Tensor out = slots_[{x->micro, x->chunk}].output.detach().contiguous();
     // The receiver files it under its own chunk: (vs + 1) / p.
     const int to_chunk = (virtual_stage(x->chunk) + 1) / p;
-    send(out, x->to_stage, tag(x->micro, to_chunk, false),
-         here + "send of the activation of " + micro_text(x->micro, x->chunk, spec_.chunks) +
-             " to stage " + std::to_string(x->to_stage));
+    send(out, x->to_stage, tag(x->micro, to_chunk, false), instruction);
   } else if (const auto* x = std::get_if<RecvActivation>(&instruction)) {
-    slots_[{x->micro, x->chunk}].input =
-        receive(tag(x->micro, x->chunk, false),
-                here + "receive of the activation of " + micro_text(x->micro, x->chunk, spec_.chunks) +
-                    " from stage " + std::to_string(x->from_stage))
-            .requires_grad_(true);
+    slots_[{x->micro, x->chunk}].input = receive(instruction).requires_grad_(true);
   } else if (const auto* x = std::get_if<SendGradient>(&instruction)) {
     Slot& slot = slots_[{x->micro, x->chunk}];
     at::Tensor grad = slot.input.grad().contiguous();
     slot.input = at::Tensor();
     const int to_chunk = (virtual_stage(x->chunk) - 1) / p;
-    send(grad, x->to_stage, tag(x->micro, to_chunk, true),
-         here + "send of the input gradient of " + micro_text(x->micro, x->chunk, spec_.chunks) +
-             " to stage " + std::to_string(x->to_stage));
+    send(grad, x->to_stage, tag(x->micro, to_chunk, true), instruction);
   } else if (const auto* x = std::get_if<RecvGradient>(&instruction)) {
-    slots_[{x->micro, x->chunk}].output_grad =
-        receive(tag(x->micro, x->chunk, true),
-                here + "receive of the output gradient of " +
-                    micro_text(x->micro, x->chunk, spec_.chunks) + " from stage " +
-                    std::to_string(x->from_stage));
+    slots_[{x->micro, x->chunk}].output_grad = receive(instruction);
   } else if (std::holds_alternative<ReduceGradients>(instruction)) {
     if (callbacks.reduce_gradients) callbacks.reduce_gradients();
   } else if (std::holds_alternative<LoadMicroBatch>(instruction) ||

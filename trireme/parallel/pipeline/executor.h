@@ -24,11 +24,10 @@
 // first seen complete (checked between instructions), a receive when its data has arrived.
 #pragma once
 
-#include <atomic>
 #include <functional>
-#include <memory>
-#include <string>
 #include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "trireme/dist/backend.h"
@@ -111,9 +110,13 @@ class StageExecutor {
   // Receives are posted this many steps before the step that needs them.
   static constexpr size_t kReceiveLookahead = 2;
   void post_receives(size_t step);
-  // Waits for the posted receive of `tag`.
-  at::Tensor receive(int tag, const std::string& what);
-  void send(at::Tensor tensor, int to, int tag, std::string what);
+  // The (source stage, tag) of a receive instruction; (-1, -1) for any other.
+  std::pair<int, int> receive_source(const Instruction& instruction) const;
+  // Waits for the posted receive of a RecvActivation or RecvGradient.
+  at::Tensor receive(const Instruction& instruction);
+  void send(at::Tensor tensor, int to, int tag, const Instruction& instruction);
+  // "pipeline stage 0: receive of the activation of micro-batch 3 from stage 1".
+  std::string exchange_text(const Instruction& instruction) const;
   void retire_completed_sends();
   void wait_all_sends();
   int tag(int micro, int chunk, bool gradient) const;
