@@ -12,10 +12,8 @@ class DataParallelEngine final : public TrainEngine {
   DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
       : model_(opt.model, static_cast<uint64_t>(opt.seed)), leader_(groups.rank == 0) {
     model_->to(device);
-    parallel::DataParallelOptions dp_options;
-    dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
-    dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
-    ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"), dp_options);
+    ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"),
+                                                    data_parallel_options(opt));
   }
 
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
@@ -64,6 +62,13 @@ class DataParallelEngine final : public TrainEngine {
 };
 
 }  // namespace
+
+parallel::DataParallelOptions data_parallel_options(const TrainOptions& options) {
+  parallel::DataParallelOptions dp;
+  dp.buckets.cap_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20));
+  dp.buckets.first_cap_bytes = static_cast<size_t>(options.first_bucket_mb * (1 << 20));
+  return dp;
+}
 
 std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
                                                        dist::MeshGroups& groups, at::Device device) {

@@ -75,6 +75,9 @@ class TrainEngine {
   virtual std::string describe() const = 0;
 };
 
+// DataParallel's options from --bucket-mb and --first-bucket-mb.
+parallel::DataParallelOptions data_parallel_options(const TrainOptions& options);
+
 std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
                                                        dist::MeshGroups& groups, at::Device device);
 std::unique_ptr<TrainEngine> make_pipeline_engine(const TrainOptions& options, dist::World& world,

@@ -68,9 +68,7 @@ class PipelineEngine final : public TrainEngine {
           return at::cross_entropy_loss(logits.reshape({-1, vocab}), targets.reshape({-1}));
         },
         pipeline::ActivationSpec{{micro, opt.model.seq_len, opt.model.dim}, at::kFloat, device}, pp_group_);
-    parallel::DataParallelOptions dp_options;
-    dp_options.buckets.cap_bytes = static_cast<size_t>(opt.bucket_mb * (1 << 20));
-    dp_options.buckets.first_cap_bytes = static_cast<size_t>(opt.first_bucket_mb * (1 << 20));
+    parallel::DataParallelOptions dp_options = data_parallel_options(opt);
     dp_options.contributions_per_step = spec_.micro_batches;
     dp_options.sync_point = parallel::DataParallelOptions::SyncPoint::kExplicit;
     ddp_ = std::make_unique<parallel::DataParallel>(stage_module_, groups.axis("dp"), dp_options);
