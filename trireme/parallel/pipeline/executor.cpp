@@ -128,6 +128,7 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
   stats_ = StageRunStats{};
   live_ = 0;
   receives_.clear();
+  awaited_.clear();
   const auto& steps = schedule_[stage_];
   for (size_t k = 0; k < kReceiveLookahead && k < steps.size(); ++k) post_receives(k);
   for (size_t k = 0; k < steps.size(); ++k) {
@@ -135,19 +136,49 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
     // (a Gloo transfer starts only once its receive is posted).
     post_receives(k + kReceiveLookahead);
     for (const Instruction& instruction : steps[k]) {
-      const double start = obs::now_us();
-      if (recording_) stats_.executed.push_back({instruction, start, start});
-      execute(instruction, micro_batches, callbacks, &loss_sum);
-      // A send's end is its completion, filled in when it is retired.
-      if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
-          !std::holds_alternative<SendGradient>(instruction))
-        stats_.executed.back().end_us = obs::now_us();
-      retire_completed_sends();
+      const auto [from, t] = receive_source(instruction);
+      if (from >= 0) {
+        // Waited for by the compute that consumes it, not here: a step's receive is often
+        // for a later compute, and waiting early would stall on a dependency that is not one.
+        awaited_.emplace(t, instruction);
+        continue;
+      }
+      if (const auto* f = std::get_if<Forward>(&instruction))
+        finish_receive(tag(f->micro, f->chunk, false), micro_batches, callbacks, &loss_sum);
+      else if (const auto* b = std::get_if<BackwardInput>(&instruction))
+        finish_receive(tag(b->micro, b->chunk, true), micro_batches, callbacks, &loss_sum);
+      else if (std::holds_alternative<ReduceGradients>(instruction))
+        while (!awaited_.empty())
+          finish_receive(awaited_.begin()->first, micro_batches, callbacks, &loss_sum);
+      timed_execute(instruction, micro_batches, callbacks, &loss_sum);
     }
   }
+  while (!awaited_.empty()) finish_receive(awaited_.begin()->first, micro_batches, callbacks, &loss_sum);
   wait_all_sends();
   slots_.clear();
   return loss_sum;
+}
+
+void StageExecutor::timed_execute(const Instruction& instruction,
+                                  const std::vector<MicroBatch>& micro_batches,
+                                  const StageCallbacks& callbacks, double* loss_sum) {
+  const double start = obs::now_us();
+  if (recording_) stats_.executed.push_back({instruction, start, start});
+  execute(instruction, micro_batches, callbacks, loss_sum);
+  // A send's end is its completion, filled in when it is retired.
+  if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
+      !std::holds_alternative<SendGradient>(instruction))
+    stats_.executed.back().end_us = obs::now_us();
+  retire_completed_sends();
+}
+
+void StageExecutor::finish_receive(int receive_tag, const std::vector<MicroBatch>& micro_batches,
+                                   const StageCallbacks& callbacks, double* loss_sum) {
+  auto it = awaited_.find(receive_tag);
+  if (it == awaited_.end()) return;
+  const Instruction instruction = it->second;
+  awaited_.erase(it);
+  timed_execute(instruction, micro_batches, callbacks, loss_sum);
 }
 
 void StageExecutor::execute(const Instruction& instruction,

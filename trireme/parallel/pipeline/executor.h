@@ -7,7 +7,9 @@
 //   F          output = part(input); on the last virtual stage, output = loss / m
 //   send-act   asynchronous send of the output to the next stage (waited for at the end)
 //   recv-act   wait for the receive into a buffer of the agreed activation shape; every
-//              receive is posted two steps ahead, so the transfer overlaps compute
+//              receive is posted two steps ahead, so the transfer overlaps compute, and
+//              waited for only when the F or B that consumes it comes (a step's receive
+//              is often for a later compute: waiting at once would be a false dependency)
 //   B          backward from the loss, or from the gradient received for the output
 //   send-grad  asynchronous send of the input's gradient to the previous stage
 //   recv-grad  receive the gradient of this part's output
@@ -103,6 +105,12 @@ class StageExecutor {
   };
   void execute(const Instruction& instruction, const std::vector<MicroBatch>& micro_batches,
                const StageCallbacks& callbacks, double* loss_sum);
+  // execute() with the instruction's span recorded, then completed sends retired.
+  void timed_execute(const Instruction& instruction, const std::vector<MicroBatch>& micro_batches,
+                     const StageCallbacks& callbacks, double* loss_sum);
+  // Executes the receive instruction met earlier under this tag, if it is still awaited.
+  void finish_receive(int receive_tag, const std::vector<MicroBatch>& micro_batches,
+                      const StageCallbacks& callbacks, double* loss_sum);
   struct PostedReceive {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor buffer;
@@ -131,6 +139,7 @@ class StageExecutor {
   std::map<std::pair<int, int>, Slot> slots_;  // (micro, chunk)
   std::vector<PendingSend> sends_;
   std::map<int, PostedReceive> receives_;  // by tag
+  std::map<int, Instruction> awaited_;     // receive instructions met, not yet waited for, by tag
   bool recording_ = false;
   StageRunStats stats_;
   int live_ = 0;
