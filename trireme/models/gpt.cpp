@@ -9,17 +9,9 @@
 #include <vector>
 
 #include "trireme/common/error.h"
-#include "trireme/parallel/pipeline/deferred_linear.h"
 
 namespace trireme::models {
 namespace {
-
-// A linear layer; with split_backward its weight gradient may be deferred to a later W
-// step (zero-bubble schedules, parallel/pipeline/deferred_linear.h), otherwise at::linear.
-at::Tensor linear(const at::Tensor& x, torch::nn::Linear& layer, bool split_backward) {
-  return split_backward ? pipeline::deferred_linear(x, layer->weight, layer->bias)
-                        : layer->forward(x);
-}
 
 // Standard deviation of the normal initialisation (GPT-2).
 constexpr double kInitStd = 0.02;
@@ -65,41 +57,43 @@ at::Tensor maybe_dropout(const at::Tensor& x, double p, bool training) {
 
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
-    : heads_(config.heads), dropout_(config.dropout) {
-  qkv = register_module("qkv", torch::nn::Linear(config.dim, 3 * config.dim));
-  proj = register_module("proj", torch::nn::Linear(config.dim, config.dim));
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config,
+                                                 const tensor::TensorParallel& tp)
+    : heads_(config.heads / tp.size), dropout_(config.dropout) {
+  qkv = register_module("qkv", tensor::ColumnParallelLinear(config.dim, 3 * config.dim, true, tp, 3));
+  proj = register_module("proj", tensor::RowParallelLinear(config.dim, config.dim, true, tp));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  const int64_t D = C / heads_;
-  std::vector<at::Tensor> parts = linear(x, qkv, split_backward).split(C, /*dim=*/2);  // 3 x (B,T,C)
+  // C here is this rank's share of the width: its heads_ heads of D each.
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t C = qkv->weight.size(0) / 3, D = C / heads_;
+  std::vector<at::Tensor> parts = qkv->forward(x).split(C, /*dim=*/2);  // 3 x (B,T,C)
   at::Tensor q = parts[0].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor k = parts[1].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor v = parts[2].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? dropout_ : 0.0,
                                                   /*is_causal=*/true);  // (B,H,T,D)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                   // (B,T,C)
-  return maybe_dropout(linear(y, proj, split_backward), dropout_, is_training());
+  return maybe_dropout(proj->forward(y), dropout_, is_training());
 }
 
-MlpImpl::MlpImpl(const GptConfig& config) : dropout_(config.dropout) {
+MlpImpl::MlpImpl(const GptConfig& config, const tensor::TensorParallel& tp) : dropout_(config.dropout) {
   const int64_t hidden = config.mlp_ratio * config.dim;
-  fc = register_module("fc", torch::nn::Linear(config.dim, hidden));
-  proj = register_module("proj", torch::nn::Linear(hidden, config.dim));
+  fc = register_module("fc", tensor::ColumnParallelLinear(config.dim, hidden, true, tp));
+  proj = register_module("proj", tensor::RowParallelLinear(hidden, config.dim, true, tp));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  at::Tensor hidden = at::gelu(linear(x, fc, split_backward), "tanh");  // (B,T,R*C)
-  return maybe_dropout(linear(hidden, proj, split_backward), dropout_, is_training());  // (B,T,C)
+  at::Tensor hidden = at::gelu(fc->forward(x), "tanh");                 // (B,T,R*C/t)
+  return maybe_dropout(proj->forward(hidden), dropout_, is_training());  // (B,T,C)
 }
 
-BlockImpl::BlockImpl(const GptConfig& config) {
+BlockImpl::BlockImpl(const GptConfig& config, const tensor::TensorParallel& tp) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
-  attn = register_module("attn", CausalSelfAttention(config));
+  attn = register_module("attn", CausalSelfAttention(config, tp));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
-  mlp = register_module("mlp", Mlp(config));
+  mlp = register_module("mlp", Mlp(config, tp));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
@@ -107,15 +101,20 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   return y + mlp->forward(ln_2->forward(y));           // (B,T,C)
 }
 
-GptImpl::GptImpl(const GptConfig& config, uint64_t seed) : config_(validated(config)) {
+GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp)
+    : config_(validated(config)), tp_(std::move(tp)) {
+  TRIREME_CHECK(tp_.size >= 1 && config_.heads % tp_.size == 0, "--heads ", config_.heads,
+                " is not divisible by --tp ", tp_.size, "; choose --tp dividing the heads");
+  TRIREME_CHECK(config_.vocab % tp_.size == 0, "--vocab ", config_.vocab, " is not divisible by --tp ",
+                tp_.size, "; choose --tp dividing the vocabulary");
   const int64_t C = config_.dim;
-  wte = register_module("wte", torch::nn::Embedding(config_.vocab, C));
+  wte = register_module("wte", tensor::VocabParallelEmbedding(config_.vocab, C, tp_));
   wpe = register_module("wpe", torch::nn::Embedding(config_.seq_len, C));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t l = 0; l < config_.layers; ++l) h->push_back(Block(config_));
+  for (int64_t l = 0; l < config_.layers; ++l) h->push_back(Block(config_, tp_));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C})));
-  head = register_module(
-      "head", torch::nn::Linear(torch::nn::LinearOptions(C, config_.vocab).bias(false)));
+  head = register_module("head", tensor::ColumnParallelLinear(C, config_.vocab, false, tp_));
+  specs_ = tensor::shard_specs(*this);
   init_parameters(seed);
 }
 
@@ -125,23 +124,33 @@ void GptImpl::init_parameters(uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.layers));
   at::NoGradGuard no_grad;
+  // Each tensor is drawn whole (the TP=1 shape), then this rank keeps its slice.
   for (const auto& item : named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     at::Tensor p = item.value();
+    const tensor::ShardSpec& spec = specs_.at(name);
+    at::Tensor full = at::empty(tensor::full_shape(p.sizes(), spec, tp_.size), p.options());
     const std::string owner = owner_of(name);
     if (ends_with(name, ".bias")) {
-      p.zero_();
+      full.zero_();
     } else if (owner.rfind("ln_", 0) == 0) {
-      p.fill_(1.0);
+      full.fill_(1.0);
     } else if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight")) {
-      p.normal_(0.0, residual_std, gen);
+      full.normal_(0.0, residual_std, gen);
     } else {
-      p.normal_(0.0, kInitStd, gen);
+      full.normal_(0.0, kInitStd, gen);
     }
+    p.copy_(tp_.active() ? tensor::shard_of(full, spec, tp_.rank, tp_.size) : full);
   }
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& idx) {
+  at::Tensor logits = local_logits(idx);
+  if (!tp_.active()) return logits;
+  return tensor::gather_shards(logits.detach(), tensor::ShardSpec{2, 1}, tp_);
+}
+
+at::Tensor GptImpl::local_logits(const at::Tensor& idx) {
   TRIREME_CHECK(idx.dim() == 2, "GPT input must be (B,T), got ", idx.dim(), " dimensions");
   TRIREME_CHECK(idx.scalar_type() == at::kLong, "GPT input must be int64 token ids");
   const int64_t T = idx.size(1);
@@ -151,13 +160,17 @@ at::Tensor GptImpl::forward(const at::Tensor& idx) {
   at::Tensor x = wte->forward(idx) + wpe->forward(pos);                          // (B,T,C)
   x = maybe_dropout(x, config_.dropout, is_training());
   for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);           // (B,T,C)
-  return linear(ln_f->forward(x), head, split_backward_);  // (B,T,V)
+  return head->forward(ln_f->forward(x));  // (B,T,V/t)
 }
 
 at::Tensor GptImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
-  at::Tensor logits = forward(idx);  // (B,T,V)
   TRIREME_CHECK(targets.sizes() == idx.sizes(), "GPT targets must have the shape of the inputs");
-  return at::cross_entropy_loss(logits.reshape({-1, config_.vocab}), targets.reshape({-1}));
+  return loss_of_logits(local_logits(idx), targets);
+}
+
+at::Tensor GptImpl::loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const {
+  return tensor::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}), tp_);
 }
 
 std::string GptImpl::generate(const std::string& prompt, int64_t new_tokens, double temperature,
@@ -214,8 +227,8 @@ pipeline::LayerList GptImpl::layers() {
   }
   list.push_back({"head",
                   {{"ln_f", ln_f.ptr()}, {"head", head.ptr()}},
-                  [ln_f = ln_f, head = head, split = split_backward_](const at::Tensor& x) mutable {
-                    return linear(ln_f->forward(x), head, split);
+                  [ln_f = ln_f, head = head](const at::Tensor& x) mutable {
+                    return head->forward(ln_f->forward(x));
                   }});
   return list;
 }
@@ -227,11 +240,13 @@ int64_t GptImpl::num_parameters() const {
 }
 
 void GptImpl::set_split_backward(bool split) {
-  split_backward_ = split;
+  head->split_backward = split;
   for (const auto& block : *h) {
     auto* b = block->as<BlockImpl>();
-    b->attn->split_backward = split;
-    b->mlp->split_backward = split;
+    b->attn->qkv->split_backward = split;
+    b->attn->proj->split_backward = split;
+    b->mlp->fc->split_backward = split;
+    b->mlp->proj->split_backward = split;
   }
 }
 

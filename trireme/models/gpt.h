@@ -8,12 +8,19 @@
 // Parameter names and shapes match bench/py/gpt.py exactly, so the Python peer has the
 // same parameter count. Initialisation depends on the seed only: a local CPU generator
 // fills every parameter in registration order; the global RNG is never touched.
+//
+// Tensor parallelism (parallel/tensor/tensor_parallel.h) over t ranks: the attention heads,
+// the MLP's hidden features and the vocabulary are split t ways (qkv and mlp.fc
+// column-parallel, attn.proj and mlp.proj row-parallel, wte and head split by vocabulary),
+// the LayerNorms, wpe and the row-parallel biases are replicated. Parameter names stay
+// those of the whole model; shapes are the local shards. Each parameter is initialised by
+// drawing the whole TP=1 tensor from the generator and keeping this rank's slice, so a
+// TP=t model is the TP=1 model of the same seed, slice for slice.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
@@ -22,33 +29,32 @@
 
 #include "trireme/models/gpt_config.h"
 #include "trireme/parallel/pipeline/stage.h"
+#include "trireme/parallel/tensor/tensor_parallel.h"
 
 namespace trireme::models {
 
 // Causal multi-head self-attention with a fused q/k/v projection.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  CausalSelfAttentionImpl(const GptConfig& config, const tensor::TensorParallel& tp);
   at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
 
-  torch::nn::Linear qkv{nullptr};   // C -> 3C
-  torch::nn::Linear proj{nullptr};  // C -> C, residual projection
-  bool split_backward = false;      // see GptImpl::set_split_backward
+  tensor::ColumnParallelLinear qkv{nullptr};  // C -> 3C (q, k, v blocks; local heads' rows)
+  tensor::RowParallelLinear proj{nullptr};    // C -> C, residual projection
 
  private:
-  int64_t heads_;
+  int64_t heads_;  // on this rank: H / t
   double dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const GptConfig& config);
+  MlpImpl(const GptConfig& config, const tensor::TensorParallel& tp);
   at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
 
-  torch::nn::Linear fc{nullptr};    // C -> R*C
-  torch::nn::Linear proj{nullptr};  // R*C -> C, residual projection
-  bool split_backward = false;      // see GptImpl::set_split_backward
+  tensor::ColumnParallelLinear fc{nullptr};  // C -> R*C
+  tensor::RowParallelLinear proj{nullptr};   // R*C -> C, residual projection
 
  private:
   double dropout_;
@@ -57,7 +63,7 @@ TORCH_MODULE(Mlp);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptConfig& config);
+  BlockImpl(const GptConfig& config, const tensor::TensorParallel& tp);
   at::Tensor forward(const at::Tensor& x);  // (B,T,C) -> (B,T,C)
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -69,14 +75,20 @@ TORCH_MODULE(Block);
 
 class GptImpl : public torch::nn::Module {
  public:
-  // Throws InvalidArgument when config.validate() does.
-  GptImpl(const GptConfig& config, uint64_t seed);
+  // Throws InvalidArgument when config.validate() does, or when the heads or the
+  // vocabulary are not divisible by the tensor-parallel size.
+  GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp = {});
 
-  // idx (B,T) int64 with T <= seq_len and values in [0, vocab) -> logits (B,T,V).
+  // idx (B,T) int64 with T <= seq_len and values in [0, vocab) -> logits (B,T,V). Under
+  // tensor parallelism the logits are gathered (a collective: every rank of the group
+  // must call it); training uses loss(), which never gathers them.
   at::Tensor forward(const at::Tensor& idx);
 
-  // Mean cross-entropy over all B*T positions; targets (B,T) int64.
+  // Mean cross-entropy over all B*T positions; targets (B,T) int64. Vocabulary-parallel
+  // under tensor parallelism.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+  // The same loss from this rank's logits (B,T,V/t), e.g. a pipeline's last stage.
+  at::Tensor loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const;
 
   // Samples new_tokens bytes after `prompt` (softmax at `temperature`, multinomial from a
   // local generator seeded with `seed`; temperature 0 means greedy), cropping the context
@@ -89,30 +101,34 @@ class GptImpl : public torch::nn::Module {
   // The model as a layer list for pipeline parallelism (L + 2 layers):
   //   0 "embeddings"  idx (B,T) -> wte + wpe (B,T,C)      modules wte, wpe
   //   1..L "h.l"      block l (B,T,C) -> (B,T,C)          module h.l
-  //   L+1 "head"      ln_f, head (B,T,C) -> logits (B,T,V) modules ln_f, head
+  //   L+1 "head"      ln_f, head (B,T,C) -> logits (B,T,V/t) modules ln_f, head
   // The layers hold the submodules, not the model, so the model may be dropped once a
-  // stage has kept its layers. Call set_split_backward first: the head takes its setting
-  // when the list is made.
+  // stage has kept its layers.
   pipeline::LayerList layers();
 
   int64_t num_parameters() const;
   const GptConfig& config() const { return config_; }
+  const tensor::TensorParallel& tensor_parallel() const { return tp_; }
+  // How each parameter is split across the tensor-parallel group, by name.
+  const std::map<std::string, tensor::ShardSpec>& shard_specs() const { return specs_; }
   // Routes every linear layer through pipeline::deferred_linear, so that a zero-bubble
   // schedule can run the weight-gradient half of backward later. Off by default: then the
   // layers are plain at::linear.
   void set_split_backward(bool split);
 
-  torch::nn::Embedding wte{nullptr};  // (V,C)
-  torch::nn::Embedding wpe{nullptr};  // (seq_len,C)
-  torch::nn::ModuleList h{nullptr};   // L Blocks
+  tensor::VocabParallelEmbedding wte{nullptr};  // (V/t,C)
+  torch::nn::Embedding wpe{nullptr};            // (seq_len,C)
+  torch::nn::ModuleList h{nullptr};             // L Blocks
   torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};    // C -> V, no bias
+  tensor::ColumnParallelLinear head{nullptr};   // C -> V/t, no bias
 
  private:
   void init_parameters(uint64_t seed);
+  at::Tensor local_logits(const at::Tensor& idx);  // (B,T,V/t)
 
   GptConfig config_;
-  bool split_backward_ = false;
+  tensor::TensorParallel tp_;
+  std::map<std::string, tensor::ShardSpec> specs_;
 };
 TORCH_MODULE(Gpt);
 

@@ -1,4 +1,4 @@
-# parallel/: data/ (DataParallel; later ZeRO), pipeline/; tensor/ in later work.
+# parallel/: data/ (DataParallel; later ZeRO), pipeline/, tensor/.
 target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
 # pipeline/: schedules as data (pure).
 target_sources(trireme_core PRIVATE
@@ -9,3 +9,5 @@ target_sources(trireme PRIVATE
   trireme/parallel/pipeline/deferred_linear.cpp
   trireme/parallel/pipeline/executor.cpp
   trireme/parallel/pipeline/stage.cpp)
+# tensor/: Megatron-style tensor-parallel operators and layers.
+target_sources(trireme PRIVATE trireme/parallel/tensor/tensor_parallel.cpp)
