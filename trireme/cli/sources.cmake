@@ -8,6 +8,7 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
   trireme/cli/train_data_parallel.cpp
+  trireme/cli/train_engine.cpp
   trireme/cli/train_gpt.cpp
   trireme/cli/train_pipeline.cpp
   trireme/cli/train_worker.cpp)

@@ -10,14 +10,20 @@ namespace {
 class DataParallelEngine final : public TrainEngine {
  public:
   DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
-      : model_(opt.model, static_cast<uint64_t>(opt.seed)), leader_(groups.rank == 0) {
+      : tp_(tensor_parallel(groups)),
+        model_(opt.model, static_cast<uint64_t>(opt.seed), tp_),
+        leader_(groups.rank == 0) {
     model_->to(device);
     ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"),
                                                     data_parallel_options(opt));
   }
 
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
-  dist::Group gradient_shard_group() override { return {}; }
+  optim::NormSharing gradient_norm_sharing() override {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    return norm_sharing(model_->parameters(), named, model_->shard_specs(), tp_, {});
+  }
 
   double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
                   const StepTrace& trace) override {
@@ -39,23 +45,27 @@ class DataParallelEngine final : public TrainEngine {
         trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f1), b1 - f1, ""});
       }
     }
-    return local_loss.item<double>();
+    return tp_.rank == 0 ? local_loss.item<double>() : 0.0;
   }
 
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     std::vector<std::pair<std::string, at::Tensor>> named;
-    if (!leader_) return named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    return named;
+    return gather_parameters(named, model_->shard_specs(), tp_, leader_);
   }
 
-  models::GptImpl* whole_model() override { return model_.get(); }
+  // (The sample needs every tensor-parallel rank; it is drawn only from a whole model.)
+  models::GptImpl* whole_model() override { return tp_.active() ? nullptr : model_.get(); }
   void summarize(obs::JsonObject&) const override {}
-  std::string describe() const override { return "whole model on every rank"; }
+  std::string describe() const override {
+    return tp_.active() ? "heads, MLP and vocabulary split " + std::to_string(tp_.size) + " ways"
+                        : "whole model on every rank";
+  }
 
  private:
+  tensor::TensorParallel tp_;
   models::Gpt model_;
   bool leader_;
   std::unique_ptr<parallel::DataParallel> ddp_;

@@ -24,7 +24,9 @@
 #include "trireme/obs/clock.h"
 #include "trireme/obs/json.h"
 #include "trireme/obs/timeline.h"
+#include "trireme/optim/clip.h"
 #include "trireme/parallel/data/data_parallel.h"
+#include "trireme/parallel/tensor/tensor_parallel.h"
 
 namespace trireme::models {
 class GptImpl;
@@ -55,12 +57,13 @@ class TrainEngine {
 
   // The parameters this rank's optimizer updates.
   virtual std::vector<at::Tensor> parameters() = 0;
-  // The group across which this rank's gradients are disjoint shares of the model's (for
-  // the global gradient norm); null when every rank holds every gradient.
-  virtual dist::Group gradient_shard_group() = 0;
+  // How this rank's gradients make up the model's, for the global gradient norm: the
+  // groups that split the model and which parameters are replicas counted elsewhere.
+  virtual optim::NormSharing gradient_norm_sharing() = 0;
   // Forward and backward of one step over this rank's micro-batches; on return the
   // gradients are averaged across data-parallel replicas. Returns this rank's part of the
-  // loss: summed over all ranks and divided by dp, it is the global batch's mean loss.
+  // loss: summed over all ranks and divided by dp, it is the global batch's mean loss
+  // (under tensor parallelism only tensor-parallel rank 0 reports it).
   virtual double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
                           const StepTrace& trace) = 0;
   virtual const parallel::StepCommStats& comm() const = 0;
@@ -74,6 +77,23 @@ class TrainEngine {
   // One line for the start-up banner (rank 0), e.g. the stages' layers.
   virtual std::string describe() const = 0;
 };
+
+// This rank's tensor-parallel group (the mesh's tp axis).
+tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups);
+
+// NormSharing for `params` whose whole-model names are in `named` (any order): summed
+// across the tensor-parallel group (when split) and `split_groups`; a parameter that
+// `specs` says is replicated counts on tensor-parallel rank 0 only.
+optim::NormSharing norm_sharing(const std::vector<at::Tensor>& params,
+                                const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                const std::map<std::string, tensor::ShardSpec>& specs,
+                                const tensor::TensorParallel& tp, std::vector<dist::Group> split_groups);
+
+// The whole-model values of `named` (a collective over the tensor-parallel group: every
+// rank of it must call). Empty unless `keep` (the rank that writes them).
+std::vector<std::pair<std::string, at::Tensor>> gather_parameters(
+    const std::vector<std::pair<std::string, at::Tensor>>& named,
+    const std::map<std::string, tensor::ShardSpec>& specs, const tensor::TensorParallel& tp, bool keep);
 
 // DataParallel's options from --bucket-mb and --first-bucket-mb.
 parallel::DataParallelOptions data_parallel_options(const TrainOptions& options);

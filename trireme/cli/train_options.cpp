@@ -81,8 +81,10 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->micro_batches >= 1, "--micro-batches must be at least 1, got ",
                 o->micro_batches);
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
-  TRIREME_CHECK(o->tp == 1, "--tp ", o->tp,
-                ": tensor parallelism is not available yet; use --tp 1");
+  TRIREME_CHECK(o->model.heads % o->tp == 0, "--heads ", o->model.heads, " is not divisible by --tp ",
+                o->tp, "; choose --tp dividing the number of heads");
+  TRIREME_CHECK(o->model.vocab % o->tp == 0, "--vocab ", o->model.vocab, " is not divisible by --tp ",
+                o->tp, "; choose --tp dividing the vocabulary size");
   if (o->dp == 0) o->dp = world_size / (o->tp * o->pp);
   TRIREME_CHECK(o->dp >= 1 && o->dp * o->tp * o->pp == world_size, "--dp ", o->dp, " x --tp ",
                 o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",

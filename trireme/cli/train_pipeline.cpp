@@ -16,7 +16,9 @@ std::vector<double> agreed_costs(const TrainOptions& opt, dist::World& world,
   std::vector<double> costs;
   if (opt.pp_balance == "params") return pipeline::parameter_costs(layers);
   const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
-  if (world.rank() == 0) {
+  // Under tensor parallelism a layer's forward is a collective of its tensor-parallel
+  // group, so every rank measures (each group in step) and rank 0's figures are used.
+  if (world.rank() == 0 || opt.tp > 1) {
     const at::Tensor sample =
         at::randint(opt.model.vocab, {micro, opt.model.seq_len}, at::TensorOptions(at::kLong).device(device));
     costs = pipeline::measured_costs(layers, sample, /*reps=*/3);
@@ -38,6 +40,7 @@ class PipelineEngine final : public TrainEngine {
               opt.chunks},
         stage_(groups.coord("pp")),
         first_replica_(groups.coord("dp") == 0),
+        tp_(tensor_parallel(groups)),
         pp_group_(groups.axis("pp")) {
     obs::CpuMemory::install();
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
@@ -45,7 +48,8 @@ class PipelineEngine final : public TrainEngine {
     {
       // Build the whole model (so every stage starts from the one-process values), keep
       // this stage's layers, and let the rest go with the model at the end of the scope.
-      models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed));
+      models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed), tp_);
+      specs_ = whole->shard_specs();
       whole->to(device);
       whole->set_split_backward(split);
       const pipeline::LayerList layers = whole->layers();
@@ -61,11 +65,11 @@ class PipelineEngine final : public TrainEngine {
       stage_module_ = std::make_shared<pipeline::StageModule>(layers, mine);
     }
     const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
-    const int64_t vocab = opt.model.vocab;
     executor_ = std::make_unique<pipeline::StageExecutor>(
         spec_, stage_, stage_module_->parts(),
-        [vocab](const at::Tensor& logits, const at::Tensor& targets) {
-          return at::cross_entropy_loss(logits.reshape({-1, vocab}), targets.reshape({-1}));
+        [tp = tp_](const at::Tensor& logits, const at::Tensor& targets) {
+          return tensor::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                      targets.reshape({-1}), tp);
         },
         pipeline::ActivationSpec{{micro, opt.model.seq_len, opt.model.dim}, at::kFloat, device}, pp_group_);
     parallel::DataParallelOptions dp_options = data_parallel_options(opt);
@@ -76,7 +80,10 @@ class PipelineEngine final : public TrainEngine {
   }
 
   std::vector<at::Tensor> parameters() override { return stage_module_->parameters(); }
-  dist::Group gradient_shard_group() override { return pp_group_; }
+  optim::NormSharing gradient_norm_sharing() override {
+    return norm_sharing(stage_module_->parameters(), stage_module_->named_model_parameters(), specs_, tp_,
+                        {pp_group_});
+  }
 
   double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
                   const StepTrace& trace) override {
@@ -88,7 +95,8 @@ class PipelineEngine final : public TrainEngine {
     executor_->set_recording(trace.timeline != nullptr);
     const int64_t live_before = obs::CpuMemory::current_bytes();
     obs::CpuMemory::reset_peak();
-    const double loss = executor_->run(inputs, callbacks);
+    const double stage_loss = executor_->run(inputs, callbacks);
+    const double loss = tp_.rank == 0 ? stage_loss : 0.0;  // every tensor-parallel rank has it
     peak_step_bytes_ = std::max(peak_step_bytes_, obs::CpuMemory::peak_bytes() - live_before);
     peak_live_ = std::max(peak_live_, executor_->last_run().peak_live_micro_batches);
     account(*times, trace);
@@ -98,8 +106,8 @@ class PipelineEngine final : public TrainEngine {
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
-    if (!first_replica_) return {};
-    return stage_module_->named_model_parameters();
+    return gather_parameters(stage_module_->named_model_parameters(), specs_, tp_,
+                             first_replica_ && tp_.rank == 0);
   }
 
   models::GptImpl* whole_model() override { return nullptr; }
@@ -149,6 +157,8 @@ class PipelineEngine final : public TrainEngine {
   pipeline::ScheduleSpec spec_;
   int stage_;
   bool first_replica_;
+  tensor::TensorParallel tp_;
+  std::map<std::string, tensor::ShardSpec> specs_;
   dist::Group pp_group_;
   std::string split_text_;
   std::shared_ptr<pipeline::StageModule> stage_module_;

@@ -143,11 +143,14 @@ int train_worker_main(const std::vector<std::string>& args) {
   const dist::Mesh mesh = dist::Mesh::from_sizes(opt.dp, opt.tp, opt.pp, opt.mesh_order);
   dist::MeshGroups groups = world.mesh_groups(mesh);
   const int dp_rank = groups.coord("dp");
-  world.announce_role(opt.pp > 1 ? "pipeline stage " + std::to_string(groups.coord("pp")) + " of " +
-                                       std::to_string(opt.pp) + ", data-parallel replica " +
-                                       std::to_string(dp_rank)
-                                 : "data-parallel replica " + std::to_string(dp_rank) + " of " +
-                                       std::to_string(opt.dp));
+  std::string role = opt.pp > 1 ? "pipeline stage " + std::to_string(groups.coord("pp")) + " of " +
+                                      std::to_string(opt.pp) + ", data-parallel replica " +
+                                      std::to_string(dp_rank)
+                                : "data-parallel replica " + std::to_string(dp_rank) + " of " +
+                                      std::to_string(opt.dp);
+  if (opt.tp > 1)
+    role += ", tensor-parallel rank " + std::to_string(groups.coord("tp")) + " of " + std::to_string(opt.tp);
+  world.announce_role(role);
   // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
@@ -209,7 +212,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
     const double o0 = obs::now_us();
     const double grad_norm =
-        optim::clip_grad_norm(engine->parameters(), opt.clip, engine->gradient_shard_group());
+        optim::clip_grad_norm(engine->parameters(), opt.clip, engine->gradient_norm_sharing());
     optimizer.step();
     optimizer.zero_grad();
     const double o1 = obs::now_us();
