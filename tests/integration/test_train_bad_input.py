@@ -50,6 +50,10 @@ class TrainBadInput(unittest.TestCase):
             self.skipTest("a GPU is present")
         self.refuse(["--nproc-per-node", "1", "--device", "cuda"] + SMALL, "--device cuda")
 
+    def test_heads_not_divisible_by_tp(self):
+        # 2 heads cannot be split 4 ways.
+        self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")
+
     def test_unknown_device(self):
         self.refuse(["--nproc-per-node", "1", "--device", "tpu"] + SMALL, "--device tpu is not known")
 
