@@ -137,3 +137,23 @@ TEST(TensorParallel, RefusesSizesThatDoNotSplit) {
   EXPECT_THROW(trireme::tensor::RowParallelLinear(7, 8, true, two), trireme::InvalidArgument);
   EXPECT_THROW(trireme::tensor::VocabParallelEmbedding(255, 8, two), trireme::InvalidArgument);
 }
+
+TEST(TensorParallel, RngTrackerSplitsMasksAndLeavesTheReplicatedStreamAlone) {
+  // Two ranks of one group: inside fork() their dropout masks differ; outside, the default
+  // generator continues exactly as if fork() had not been called, so the replicated masks
+  // of the ranks agree.
+  trireme::tensor::RngTracker rank0(7, 0), rank1(7, 1);
+  const at::Tensor ones = at::ones({4096});
+  auto mask = [&] { return at::dropout(ones, 0.5, /*train=*/true); };
+  at::manual_seed(3);
+  const at::Tensor split0 = rank0.fork(mask), replicated0 = mask();
+  at::manual_seed(3);
+  const at::Tensor split1 = rank1.fork(mask), replicated1 = mask();
+  at::manual_seed(3);
+  const at::Tensor unforked = mask();
+  EXPECT_FALSE(at::equal(split0, split1));
+  EXPECT_TRUE(at::equal(replicated0, replicated1));
+  EXPECT_TRUE(at::equal(replicated0, unforked));
+  // A tracker's stream moves on: its next region draws a new mask.
+  EXPECT_FALSE(at::equal(rank0.fork(mask), split0));
+}

@@ -10,7 +10,7 @@ namespace {
 class DataParallelEngine final : public TrainEngine {
  public:
   DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
-      : tp_(tensor_parallel(groups)),
+      : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         model_(opt.model, static_cast<uint64_t>(opt.seed), tp_),
         leader_(groups.rank == 0) {
     model_->to(device);

@@ -3,11 +3,16 @@
 
 namespace trireme::cli {
 
-tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups) {
+tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed) {
   tensor::TensorParallel tp;
   tp.size = groups.size("tp");
   tp.rank = groups.coord("tp");
-  if (tp.size > 1) tp.group = groups.axis("tp");
+  if (tp.size > 1) {
+    tp.group = groups.axis("tp");
+    // Pipeline stages hold different layers: their split streams differ too.
+    tp.rng = std::make_shared<tensor::RngTracker>(seed + 104729 * static_cast<uint64_t>(groups.coord("pp")),
+                                                  tp.rank);
+  }
   return tp;
 }
 

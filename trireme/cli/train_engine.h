@@ -78,8 +78,8 @@ class TrainEngine {
   virtual std::string describe() const = 0;
 };
 
-// This rank's tensor-parallel group (the mesh's tp axis).
-tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups);
+// This rank's tensor-parallel group (the mesh's tp axis), with its dropout RNG tracker.
+tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed);
 
 // NormSharing for `params` whose whole-model names are in `named` (any order): summed
 // across the tensor-parallel group (when split) and `split_groups`; a parameter that

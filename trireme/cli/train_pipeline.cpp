@@ -40,7 +40,7 @@ class PipelineEngine final : public TrainEngine {
               opt.chunks},
         stage_(groups.coord("pp")),
         first_replica_(groups.coord("dp") == 0),
-        tp_(tensor_parallel(groups)),
+        tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         pp_group_(groups.axis("pp")) {
     obs::CpuMemory::install();
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;

@@ -59,7 +59,7 @@ at::Tensor maybe_dropout(const at::Tensor& x, double p, bool training) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config,
                                                  const tensor::TensorParallel& tp)
-    : heads_(config.heads / tp.size), dropout_(config.dropout) {
+    : heads_(config.heads / tp.size), tp_(tp), dropout_(config.dropout) {
   qkv = register_module("qkv", tensor::ColumnParallelLinear(config.dim, 3 * config.dim, true, tp, 3));
   proj = register_module("proj", tensor::RowParallelLinear(config.dim, config.dim, true, tp));
 }
@@ -72,8 +72,11 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor q = parts[0].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor k = parts[1].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
   at::Tensor v = parts[2].view({B, T, heads_, D}).transpose(1, 2);    // (B,H,T,D)
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? dropout_ : 0.0,
-                                                  /*is_causal=*/true);  // (B,H,T,D)
+  const double p = is_training() ? dropout_ : 0.0;
+  auto attend = [&] { return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true); };
+  // The local heads are split across the tensor-parallel group: their dropout masks must
+  // differ from the other ranks' (RngTracker).
+  at::Tensor y = p > 0 && tp_.active() && tp_.rng ? tp_.rng->fork(attend) : attend();  // (B,H,T,D)
   y = y.transpose(1, 2).contiguous().view({B, T, C});                   // (B,T,C)
   return maybe_dropout(proj->forward(y), dropout_, is_training());
 }

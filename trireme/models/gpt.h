@@ -44,6 +44,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;  // on this rank: H / t
+  tensor::TensorParallel tp_;
   double dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);

@@ -73,6 +73,10 @@ void check_divisible(int64_t n, int64_t by, const char* what) {
 
 }  // namespace
 
+// The offset keeps the split stream apart from the seed's other uses (Megatron uses one too).
+RngTracker::RngTracker(uint64_t seed, int rank)
+    : split_(at::detail::createCPUGenerator(seed + 2718 + 7919 * static_cast<uint64_t>(rank))) {}
+
 std::vector<int64_t> full_shape(at::IntArrayRef local, const ShardSpec& spec, int size) {
   std::vector<int64_t> shape(local.begin(), local.end());
   if (!spec.replicated()) shape[static_cast<size_t>(spec.dim)] *= size;

@@ -42,11 +42,13 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,11 +56,38 @@
 
 namespace trireme::tensor {
 
+// Dropout under tensor parallelism. Where activations are replicated (after an
+// all-reduce: the residual stream, the embeddings) every rank must draw the same mask, and
+// does, from the default CPU generator: all ranks of a group draw from it in the same
+// order. Where activations are split (attention probabilities of the local heads) the
+// ranks must draw different masks, or the t slices would share one pattern: fork() runs
+// such a region with the default generator swapped for this rank's own (seeded by the
+// seed and the rank), then puts the default stream back where it was, so the replicated
+// regions stay identical across the group.
+class RngTracker {
+ public:
+  RngTracker(uint64_t seed, int rank);
+  template <class F>
+  auto fork(F&& region) {
+    at::Generator global = at::detail::getDefaultCPUGenerator();
+    const at::Tensor saved = global.get_state();
+    global.set_state(split_.get_state());
+    auto result = region();
+    split_.set_state(global.get_state());
+    global.set_state(saved);
+    return result;
+  }
+
+ private:
+  at::Generator split_;
+};
+
 // This rank's place in its tensor-parallel group.
 struct TensorParallel {
   dist::Group group;  // null when size == 1
   int rank = 0;
   int size = 1;
+  std::shared_ptr<RngTracker> rng;  // for split-region dropout; null: no fork
   bool active() const { return size > 1; }
 };
 
