@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ranks.h"
 #include "trireme/dist/backend.h"
 #include "trireme/parallel/data/data_parallel.h"
 
@@ -20,31 +21,7 @@ using trireme::parallel::DataParallelOptions;
 
 namespace {
 
-// Runs fn(rank, group) on `world` threads; rethrows the first failure.
-void run_ranks(int world, const std::function<void(int, const trireme::dist::Group&)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  static int generation = 0;
-  const std::string prefix = "test" + std::to_string(generation++);
-  std::exception_ptr error;
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        trireme::dist::GroupOptions options;
-        options.timeout = std::chrono::seconds(30);
-        auto group = trireme::dist::create_gloo_group(
-            c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, world, options);
-        fn(rank, group);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
+using trireme::testing::run_ranks;
 
 // Four layers so that a small bucket cap gives several buckets.
 struct NetImpl : torch::nn::Module {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ranks.h"
 #include "trireme/common/error.h"
 #include "trireme/parallel/tensor/tensor_parallel.h"
 
@@ -21,31 +22,13 @@ using trireme::tensor::TensorParallel;
 namespace {
 
 void run_ranks(int world, const std::function<void(const TensorParallel&)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  static int generation = 0;
-  const std::string prefix = "tp" + std::to_string(generation++);
-  std::exception_ptr error;
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        trireme::dist::GroupOptions options;
-        options.timeout = std::chrono::seconds(30);
-        TensorParallel tp;
-        tp.rank = rank;
-        tp.size = world;
-        tp.group = trireme::dist::create_gloo_group(
-            c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, world, options);
-        fn(tp);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  trireme::testing::run_ranks(world, [&](int rank, const trireme::dist::Group& group) {
+    TensorParallel tp;
+    tp.rank = rank;
+    tp.size = world;
+    tp.group = group;
+    fn(tp);
+  });
 }
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }

@@ -49,6 +49,7 @@ class DataParallelEngine final : public TrainEngine {
   }
 
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
+  parallel::DataParallel& data_parallel() override { return *ddp_; }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     std::vector<std::pair<std::string, at::Tensor>> named;
@@ -77,6 +78,9 @@ parallel::DataParallelOptions data_parallel_options(const TrainOptions& options)
   parallel::DataParallelOptions dp;
   dp.buckets.cap_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20));
   dp.buckets.first_cap_bytes = static_cast<size_t>(options.first_bucket_mb * (1 << 20));
+  if (options.zero == 2) dp.reduction = parallel::DataParallelOptions::Reduction::kReduceScatter;
+  // ZeRO's shards follow the buckets, so they must not be rebuilt after the first step.
+  if (options.zero > 0) dp.rebuild_buckets = false;
   return dp;
 }
 

@@ -67,6 +67,8 @@ class TrainEngine {
   virtual double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
                           const StepTrace& trace) = 0;
   virtual const parallel::StepCommStats& comm() const = 0;
+  // The DataParallel that reduces this rank's gradients (ZeRO shards along its buckets).
+  virtual parallel::DataParallel& data_parallel() = 0;
   // The parameters this rank contributes to --dump-params, named as in the whole model
   // (empty on ranks whose copy another rank writes).
   virtual std::vector<std::pair<std::string, at::Tensor>> dump_parameters() = 0;

@@ -34,6 +34,8 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
         "layers of each virtual stage, e.g. 0:3,3:6 (layers: embeddings, blocks, head)");
   p.add("pp-balance", &o->pp_balance,
         "balance pipeline stages by measured layer 'time' (default) or 'params'");
+  p.add("zero", &o->zero,
+        "ZeRO stage over the data-parallel group: 0 off, 1 optimizer state sharded, 2 gradients too");
   p.add("bucket-mb", &o->bucket_mb, "gradient bucket size in MiB");
   p.add("first-bucket-mb", &o->first_bucket_mb, "size of the first gradient bucket in MiB");
   p.add("trace-steps", &o->trace_steps, "steps recorded in trace.json");
@@ -96,6 +98,10 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 " sequences) is not divisible by --micro-batches ", o->micro_batches,
                 "; choose --micro-batches dividing ", local);
   validate_pipeline_options(o);
+  TRIREME_CHECK(o->zero >= 0 && o->zero <= 2, "--zero ", o->zero,
+                " is not a ZeRO stage; use 1 (optimizer state sharded), 2 (gradients too) or 0 (off)");
+  TRIREME_CHECK(o->zero == 0 || o->dp >= 2, "--zero ", o->zero,
+                " shards over the data-parallel group, which has 1 rank here; use --dp 2 or more, or drop --zero");
   TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0 && o->bucket_mb <= 1 << 20 &&
                     o->first_bucket_mb <= 1 << 20,
                 "--bucket-mb and --first-bucket-mb must be in (0, 1048576] MiB");

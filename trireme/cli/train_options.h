@@ -32,6 +32,7 @@ struct TrainOptions {
   int chunks = 1;            // model chunks per pipeline stage (interleaved)
   std::string pp_split;      // explicit layer ranges per virtual stage, "0:3,3:6"
   std::string pp_balance = "time";  // partition by measured layer time or by "params"
+  int zero = 0;              // ZeRO stage on the dp axis: 0 off, 1, 2
   double bucket_mb = 25;
   double first_bucket_mb = 1;
   int64_t trace_steps = 3;   // steps recorded in trace.json (after the first)

@@ -2,7 +2,6 @@
 #include "trireme/cli/train_engine.h"
 #include "trireme/common/error.h"
 #include "trireme/models/gpt.h"
-#include "trireme/obs/memory.h"
 #include "trireme/parallel/pipeline/executor.h"
 #include "trireme/parallel/pipeline/stage.h"
 
@@ -42,7 +41,6 @@ class PipelineEngine final : public TrainEngine {
         first_replica_(groups.coord("dp") == 0),
         tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         pp_group_(groups.axis("pp")) {
-    obs::CpuMemory::install();
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
     std::vector<pipeline::LayerRange> ranges;
     {
@@ -76,7 +74,6 @@ class PipelineEngine final : public TrainEngine {
     dp_options.contributions_per_step = spec_.micro_batches;
     dp_options.sync_point = parallel::DataParallelOptions::SyncPoint::kExplicit;
     ddp_ = std::make_unique<parallel::DataParallel>(stage_module_, groups.axis("dp"), dp_options);
-    for (const auto& p : stage_module_->parameters()) gradient_bytes_ += static_cast<int64_t>(p.nbytes());
   }
 
   std::vector<at::Tensor> parameters() override { return stage_module_->parameters(); }
@@ -93,17 +90,15 @@ class PipelineEngine final : public TrainEngine {
     callbacks.reduce_gradients = [this] { ddp_->synchronize(); };
     callbacks.weight_grad_accumulated = [this](const at::Tensor& p) { ddp_->gradient_accumulated(p); };
     executor_->set_recording(trace.timeline != nullptr);
-    const int64_t live_before = obs::CpuMemory::current_bytes();
-    obs::CpuMemory::reset_peak();
     const double stage_loss = executor_->run(inputs, callbacks);
     const double loss = tp_.rank == 0 ? stage_loss : 0.0;  // every tensor-parallel rank has it
-    peak_step_bytes_ = std::max(peak_step_bytes_, obs::CpuMemory::peak_bytes() - live_before);
     peak_live_ = std::max(peak_live_, executor_->last_run().peak_live_micro_batches);
     account(*times, trace);
     return loss;
   }
 
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
+  parallel::DataParallel& data_parallel() override { return *ddp_; }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     return gather_parameters(stage_module_->named_model_parameters(), specs_, tp_,
@@ -117,14 +112,7 @@ class PipelineEngine final : public TrainEngine {
     for (int c = 0; c < spec_.chunks; ++c)
       chunks += (c ? ", " : "") + obs::json_escape(stage_module_->describe_chunk(c));
     chunks += "]";
-    // Peak bytes a step allocated on top of what was live before it, less the gradients
-    // it also allocates: the activations (and deferred weight-gradient inputs) kept for
-    // backward, the communication buffers and temporaries.
-    out.add_raw("layers", chunks)
-        .add("peak_step_bytes", peak_step_bytes_)
-        .add("gradient_bytes", gradient_bytes_)
-        .add("peak_activation_bytes", std::max<int64_t>(0, peak_step_bytes_ - gradient_bytes_))
-        .add("peak_live_micro_batches", peak_live_);
+    out.add_raw("layers", chunks).add("peak_live_micro_batches", peak_live_);
   }
 
   std::string describe() const override {
@@ -164,7 +152,6 @@ class PipelineEngine final : public TrainEngine {
   std::shared_ptr<pipeline::StageModule> stage_module_;
   std::unique_ptr<pipeline::StageExecutor> executor_;
   std::unique_ptr<parallel::DataParallel> ddp_;
-  int64_t gradient_bytes_ = 0, peak_step_bytes_ = 0;
   int peak_live_ = 0;
 };
 

@@ -20,6 +20,7 @@
 #include "trireme/dist/world.h"
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
+#include "trireme/obs/memory.h"
 #include "trireme/obs/metrics.h"
 #include "trireme/obs/param_dump.h"
 #include "trireme/obs/plot.h"
@@ -27,6 +28,7 @@
 #include "trireme/obs/timeline.h"
 #include "trireme/optim/clip.h"
 #include "trireme/optim/lr_schedule.h"
+#include "trireme/parallel/data/zero.h"
 
 namespace trireme::cli {
 namespace {
@@ -104,6 +106,7 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
              .add("dp", opt.dp)
              .add("tp", opt.tp)
              .add("pp", opt.pp)
+             .add("zero", opt.zero)
              .add("schedule", opt.pp > 1 ? opt.schedule : std::string("none"))
              .add("micro_batches", opt.micro_batches)
              .add("chunks", opt.chunks)
@@ -112,6 +115,49 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
              .str() +
          "\n";
 }
+
+int64_t bytes_of(const std::vector<at::Tensor>& tensors, bool grads) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    const at::Tensor& x = grads ? t.grad() : t;
+    if (x.defined()) bytes += static_cast<int64_t>(x.nbytes());
+  }
+  return bytes;
+}
+
+// What this rank holds, by kind (maxima over the run's steps), for run.json and the
+// memory lines at the end.
+//   parameters       this rank's parameters (its shards under TP, its stage under PP)
+//   gradients        gradients held between backward and the optimizer step: the
+//                    parameters' .grad, or under ZeRO-2 this rank's gradient chunks
+//   optimizer state  AdamW's exp_avg and exp_avg_sq (this rank's pieces under ZeRO)
+//   comm buffers     DataParallel's all-reduce buckets, kept between steps
+//   activations      peak bytes a step (forward and backward) allocated above what was
+//                    live before it, less one gradient per parameter, which backward also
+//                    allocates: activations kept for backward, receive buffers, temporaries
+struct MemoryAccount {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, comm_buffers = 0, peak_step = 0;
+
+  int64_t activations() const { return std::max<int64_t>(0, peak_step - parameters); }
+  void add_to(obs::JsonObject& out) const {
+    out.add("parameter_bytes", parameters)
+        .add("gradient_bytes", gradients)
+        .add("optimizer_state_bytes", optimizer_state)
+        .add("comm_buffer_bytes", comm_buffers)
+        .add("peak_step_bytes", peak_step)
+        .add("peak_activation_bytes", activations());
+  }
+  std::string line(int rank) const {
+    const auto mib = [](int64_t b) { return b / double(1 << 20); };
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "rank %d: params %.2f, grads %.2f, optimizer state %.2f, comm buffers %.2f, "
+                  "peak activations %.2f MiB",
+                  rank, mib(parameters), mib(gradients), mib(optimizer_state), mib(comm_buffers),
+                  mib(activations()));
+    return text;
+  }
+};
 
 void record_comm(obs::Timeline& timeline, const ClockMap& clock,
                  const parallel::StepCommStats& stats) {
@@ -161,12 +207,24 @@ int train_worker_main(const std::vector<std::string>& args) {
   const data::BatchSampler sampler(corpus.size(), opt.model.seq_len, opt.batch,
                                    static_cast<uint64_t>(opt.seed));
 
+  obs::CpuMemory::install();
   std::unique_ptr<TrainEngine> engine =
       opt.pp > 1 ? make_pipeline_engine(opt, world, groups, device)
                  : make_data_parallel_engine(opt, groups, device);
-  torch::optim::AdamW optimizer(
-      engine->parameters(),
-      torch::optim::AdamWOptions(opt.lr).betas({0.9, 0.95}).weight_decay(opt.weight_decay));
+  // AdamW over this rank's parameters, or under --zero over the pieces it owns.
+  const auto adamw_options =
+      torch::optim::AdamWOptions(opt.lr).betas({0.9, 0.95}).weight_decay(opt.weight_decay);
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  std::unique_ptr<parallel::ZeroOptimizer> zero;
+  if (opt.zero > 0)
+    zero = std::make_unique<parallel::ZeroOptimizer>(engine->data_parallel(), opt.zero, adamw_options);
+  else
+    adamw = std::make_unique<torch::optim::AdamW>(engine->parameters(), adamw_options);
+  const optim::NormSharing sharing =
+      zero ? zero->norm_sharing(engine->parameters(), engine->gradient_norm_sharing())
+           : engine->gradient_norm_sharing();
+  MemoryAccount memory;
+  memory.parameters = bytes_of(engine->parameters(), false);
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);
@@ -183,7 +241,8 @@ int train_worker_main(const std::vector<std::string>& args) {
   if (leader && !opt.quiet)
     std::fprintf(stderr, "gpt: %lld parameters | %s | %s | batch %lld x %lld bytes | %lld steps\n",
                  (long long)models::GptConfig(opt.model).num_parameters(), mesh.describe().c_str(),
-                 engine->describe().c_str(), (long long)opt.batch, (long long)opt.model.seq_len,
+                 (engine->describe() + (opt.zero ? ", ZeRO-" + std::to_string(opt.zero) : "")).c_str(),
+                 (long long)opt.batch, (long long)opt.model.seq_len,
                  (long long)opt.steps);
 
   double elapsed_s = 0;
@@ -191,8 +250,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   for (int64_t step = 0; step < opt.steps; ++step) {
     const bool tracing = step >= trace_first && step < trace_last;
     const double lr = schedule.at(step);
-    for (auto& group : optimizer.param_groups())
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    if (zero) {
+      zero->set_lr(lr);
+    } else {
+      for (auto& group : adamw->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
 
     const double step_start = obs::now_us();
     StepTimes times;
@@ -205,16 +267,31 @@ int train_worker_main(const std::vector<std::string>& args) {
       batch.targets = batch.targets.to(device, /*non_blocking=*/true);
       micro_batches.push_back(std::move(batch));
     }
+    const int64_t live_before = obs::CpuMemory::current_bytes();
+    obs::CpuMemory::reset_peak();
     const double local_loss =
         engine->run_step(micro_batches, &times, {tracing ? &timeline : nullptr, &clock, step + 1});
+    memory.peak_step = std::max(memory.peak_step, obs::CpuMemory::peak_bytes() - live_before);
     const parallel::StepCommStats& comm = engine->comm();
     if (tracing) record_comm(timeline, clock, comm);
 
     const double o0 = obs::now_us();
-    const double grad_norm =
-        optim::clip_grad_norm(engine->parameters(), opt.clip, engine->gradient_norm_sharing());
-    optimizer.step();
-    optimizer.zero_grad();
+    const int64_t buffers = engine->data_parallel().buffer_bytes();
+    memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
+    memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
+    double grad_norm = 0;
+    if (zero) {
+      zero->attach_gradients();
+      grad_norm = optim::clip_grad_norm(zero->parameters(), opt.clip, sharing);
+      zero->step();
+      zero->zero_grad();
+      memory.optimizer_state = zero->optimizer_state_bytes();
+    } else {
+      grad_norm = optim::clip_grad_norm(engine->parameters(), opt.clip, sharing);
+      adamw->step();
+      adamw->zero_grad();
+      memory.optimizer_state = parallel::adamw_state_bytes(*adamw);
+    }
     const double o1 = obs::now_us();
     times.optimizer_us = o1 - o0;
     if (tracing)
@@ -249,7 +326,9 @@ int train_worker_main(const std::vector<std::string>& args) {
   obs::JsonObject entry;
   entry.add("rank", rank).add("stage", groups.coord("pp")).add("dp", dp_rank);
   engine->summarize(entry);
+  memory.add_to(entry);
   const std::vector<std::string> entries = gather_on_leader(world, "summary", entry.str());
+  const std::vector<std::string> memory_lines = gather_on_leader(world, "memory", memory.line(rank));
   if (leader) {
     const int64_t last_traced = std::min(trace_last, opt.steps);
     obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
@@ -275,6 +354,11 @@ int train_worker_main(const std::vector<std::string>& args) {
           model->generate("And God said", opt.sample_tokens, 0.8, static_cast<uint64_t>(opt.seed));
       std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());
       std::fflush(stdout);
+    }
+    if (!opt.quiet) {
+      std::fprintf(stderr, "gpt: memory per rank%s\n",
+                   opt.zero ? (" (ZeRO-" + std::to_string(opt.zero) + ")").c_str() : "");
+      for (const auto& line : memory_lines) std::fprintf(stderr, "  %s\n", line.c_str());
     }
     std::fprintf(stderr,
                  "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, "

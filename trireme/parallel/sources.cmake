@@ -1,5 +1,5 @@
-# parallel/: data/ (DataParallel; later ZeRO), pipeline/, tensor/.
-target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp)
+# parallel/: data/ (DataParallel, ZeRO), pipeline/, tensor/.
+target_sources(trireme PRIVATE trireme/parallel/data/data_parallel.cpp trireme/parallel/data/zero.cpp)
 # pipeline/: schedules as data (pure).
 target_sources(trireme_core PRIVATE
   trireme/parallel/pipeline/partition.cpp

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 
+#include "trireme/comm/shard.h"
 #include "trireme/common/error.h"
 #include "trireme/common/intervals.h"
 #include "trireme/obs/clock.h"
@@ -56,6 +57,10 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
   TRIREME_CHECK(module_, "DataParallel needs a module");
   TRIREME_CHECK(group_, "DataParallel needs a process group");
   TRIREME_CHECK(options_.contributions_per_step >= 1, "contributions_per_step must be >= 1");
+  if (options_.reduction == DataParallelOptions::Reduction::kReduceScatter) {
+    options_.rebuild_buckets = false;  // the shards must stay where the optimizer state is
+    reduce_scatter_ = std::make_unique<comm::ReduceScatter>(group_);
+  }
   for (auto& p : module_->parameters())
     if (p.requires_grad()) {
       index_of_[p.unsafeGetTensorImpl()] = params_.size();
@@ -140,8 +145,15 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
       bucket_of_[p] = b;
     }
     bucket.flags_offset = numel;
-    numel += static_cast<int64_t>(bucket.params.size());  // one "has a gradient" flag each
-    bucket.flat = at::zeros({numel}, params_[bucket.params.front()].options().requires_grad(false));
+    const auto options = params_[bucket.params.front()].options().requires_grad(false);
+    if (reduce_scatter_) {
+      bucket.chunk = comm::chunk_length(numel, group_->getSize());
+      bucket.shard = at::zeros({bucket.chunk}, options);
+      bucket.had_grad.assign(bucket.params.size(), false);
+    } else {
+      numel += static_cast<int64_t>(bucket.params.size());  // one "has a gradient" flag each
+      bucket.flat = at::zeros({numel}, options);
+    }
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -216,9 +228,49 @@ void DataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
 }
 
+// Reduce-scatter layout: d chunks of `chunk` gradient elements, each followed by the
+// bucket's flags (so every owner receives all of them reduced). The parameters' gradients
+// are released once copied: from here on this rank keeps only its shard.
+at::Tensor DataParallel::pack_chunks(Bucket& bucket) {
+  const int d = group_->getSize();
+  const int64_t flags = static_cast<int64_t>(bucket.params.size());
+  const int64_t stride = bucket.chunk + flags;
+  const at::Tensor& first = params_[bucket.params.front()];
+  at::Tensor buffer = at::zeros({d * stride}, first.options().requires_grad(false));
+  at::Tensor had = at::zeros({flags}, first.options().requires_grad(false));
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    at::Tensor& p = params_[bucket.params[k]];
+    if (!p.grad().defined()) continue;
+    had[static_cast<int64_t>(k)].fill_(1.0);
+    const at::Tensor grad = p.grad().reshape(-1);
+    for (const comm::Segment& s : comm::split_by_chunks(bucket.offsets[k], p.numel(), bucket.chunk))
+      buffer.narrow(0, s.chunk * stride + s.chunk_offset, s.length).copy_(grad.narrow(0, s.offset, s.length));
+    p.mutable_grad().reset();
+  }
+  for (int c = 0; c < d; ++c) buffer.narrow(0, c * stride + bucket.chunk, flags).copy_(had);
+  return buffer;
+}
+
 void DataParallel::launch(size_t b) {
   at::NoGradGuard no_grad;
   Bucket& bucket = buckets_[b];
+  if (reduce_scatter_) {
+    bucket.flat = pack_chunks(bucket);
+    bucket.flat.div_(group_->getSize());
+    BucketTiming timing{static_cast<int>(b), bucket.flat.nbytes(), obs::now_us(), 0};
+    try {
+      bucket.work = reduce_scatter_->launch(bucket.flat);
+    } catch (const std::exception& e) {
+      TRIREME_THROW(CommError, "gradient reduce-scatter of bucket ", b, " could not be issued: ",
+                    dist::error_text(e));
+    }
+    bucket.launched = true;
+    bucket.done_us = std::make_shared<std::atomic<double>>(0.0);
+    auto done = bucket.done_us;
+    bucket.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = obs::now_us(); });
+    current_.buckets.push_back(timing);
+    return;
+  }
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const at::Tensor& p = params_[bucket.params[k]];
     at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
@@ -264,6 +316,17 @@ void DataParallel::finish_step() {
   launch_ready_buckets();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
+    if (reduce_scatter_) {
+      dist::wait_work(bucket.work, "gradient reduce-scatter");
+      const int64_t stride = bucket.chunk + static_cast<int64_t>(bucket.params.size());
+      const at::Tensor mine = bucket.flat.narrow(0, group_->getRank() * stride, stride);
+      bucket.shard.copy_(mine.narrow(0, 0, bucket.chunk));
+      const at::Tensor flags = mine.narrow(0, bucket.chunk, stride - bucket.chunk).to(at::kFloat).cpu();
+      for (size_t k = 0; k < bucket.params.size(); ++k) bucket.had_grad[k] = flags.data_ptr<float>()[k] != 0.0f;
+      bucket.flat = at::Tensor();  // the transient buffer goes; the shard stays
+      bucket.work.reset();
+      continue;
+    }
     dist::wait_work(bucket.work, "gradient all-reduce");
     const at::Tensor flags =
         bucket.flat.narrow(0, bucket.flags_offset, static_cast<int64_t>(bucket.params.size()))
@@ -291,6 +354,26 @@ void DataParallel::finish_step() {
   in_step_ = false;
   ++steps_;
   if (options_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
+}
+
+const at::Tensor& DataParallel::gradient_shard(size_t b) const {
+  TRIREME_CHECK(reduce_scatter_, "gradient_shard() needs Reduction::kReduceScatter");
+  TRIREME_CHECK(b < buckets_.size(), "gradient_shard: bucket ", b, " of ", buckets_.size());
+  return buckets_[b].shard;
+}
+
+bool DataParallel::had_gradient(size_t b, size_t k) const {
+  TRIREME_CHECK(reduce_scatter_, "had_gradient() needs Reduction::kReduceScatter");
+  TRIREME_CHECK(b < buckets_.size() && k < buckets_[b].had_grad.size(), "had_gradient: no parameter ", k,
+                " in bucket ", b);
+  return buckets_[b].had_grad[k];
+}
+
+int64_t DataParallel::buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& bucket : buckets_)
+    bytes += static_cast<int64_t>((reduce_scatter_ ? bucket.shard : bucket.flat).nbytes());
+  return bytes;
 }
 
 void DataParallel::rebuild_from_observed_order() {

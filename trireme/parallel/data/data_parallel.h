@@ -37,6 +37,15 @@
 // gradient, as it would in one process, so the optimizer skips it (no weight decay or
 // moment update); one that some ranks use gets the average, the others counting zero.
 //
+// ZeRO-2 (Reduction::kReduceScatter, used by parallel/data/zero.h): a bucket is
+// reduce-scattered instead of all-reduced (comm/reduce_scatter.h). Rank r of d owns chunk r
+// of every bucket (comm/shard.h); at launch the bucket's gradients are packed into a
+// transient buffer of d chunks, each chunk followed by the bucket's "had a gradient"
+// flags, and the parameters' gradients are released; when the step ends, this rank's
+// averaged chunk is kept in gradient_shard(bucket) and the flags in had_gradient(), and
+// parameters' .grad stay undefined. Bucket rebuilding is off in this mode (the shards,
+// and the optimizer state behind them, must not move).
+//
 // Failures are loud, never silent drift: an all-reduce that fails, or a backward that an
 // exception interrupted (leaving some buckets reduced and others not), makes this and every
 // later backward throw CommError; the job must be restarted (the agent's recovery path).
@@ -55,6 +64,7 @@
 #include <vector>
 
 #include "trireme/comm/bucket.h"
+#include "trireme/comm/reduce_scatter.h"
 #include "trireme/dist/backend.h"
 
 namespace trireme::parallel {
@@ -73,6 +83,11 @@ struct DataParallelOptions {
     kExplicit,       // the caller ends the step with synchronize()
   };
   SyncPoint sync_point = SyncPoint::kEndOfBackward;
+  enum class Reduction {
+    kAllReduce,      // every rank gets the averaged gradients of every parameter
+    kReduceScatter,  // ZeRO-2: every rank gets the averaged chunk it owns (see above)
+  };
+  Reduction reduction = Reduction::kAllReduce;
 };
 
 // What one synchronised step's communication looked like. Times in steady-clock
@@ -110,6 +125,7 @@ class DataParallel {
 
   torch::nn::Module& module() { return *module_; }
   const dist::Group& group() const { return group_; }
+  const DataParallelOptions& options() const { return options_; }
 
   // RAII scope in which backward does not synchronise (gradient accumulation).
   class NoSync {
@@ -140,13 +156,28 @@ class DataParallel {
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   // Number of synchronised backward passes so far.
   int64_t steps() const { return steps_; }
+  // The parameters that take part (those requiring gradients), in module order: the
+  // indices of buckets() refer to this list.
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+
+  // Reduction::kReduceScatter only, after a synchronised step: this rank's chunk of
+  // bucket b's averaged gradients (comm::chunk_length elements, zero padded), and whether
+  // any rank had a gradient for the bucket's k-th parameter.
+  const at::Tensor& gradient_shard(size_t b) const;
+  bool had_gradient(size_t b, size_t k) const;
+  // Bytes this object keeps between steps: the all-reduce buckets' flat buffers, or under
+  // reduce-scatter the gradient shards.
+  int64_t buffer_bytes() const;
 
  private:
   struct Bucket {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;  // element offset of each param in `flat`
     int64_t flags_offset = 0;      // then one element per param: 1 if it had a gradient
-    at::Tensor flat;
+    at::Tensor flat;               // all-reduce: kept; reduce-scatter: only while in flight
+    int64_t chunk = 0;             // reduce-scatter: gradient elements per chunk
+    at::Tensor shard;              // reduce-scatter: this rank's averaged chunk
+    std::vector<bool> had_grad;    // reduce-scatter: flags of the last step
     size_t pending = 0;
     bool launched = false;
     c10::intrusive_ptr<c10d::Work> work;
@@ -161,6 +192,7 @@ class DataParallel {
   void start_step();
   void launch_ready_buckets();
   void launch(size_t bucket);
+  at::Tensor pack_chunks(Bucket& bucket);
   void finalize();
   void finish_step();
   void rebuild_from_observed_order();
@@ -171,6 +203,7 @@ class DataParallel {
   std::vector<at::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  std::unique_ptr<comm::ReduceScatter> reduce_scatter_;
 
   std::vector<std::vector<size_t>> assignment_;
   std::vector<Bucket> buckets_;

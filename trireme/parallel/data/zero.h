@@ -1,0 +1,87 @@
+// ZeRO on the data-parallel axis: each of the d ranks of a data-parallel group keeps the
+// optimizer state (and under stage 2 the reduced gradients) of 1/d of the parameters.
+//
+// What a rank owns follows DataParallel's buckets (comm/shard.h): every bucket is cut into
+// d chunks and rank r owns chunk r, i.e. the pieces of the bucket's parameters that fall
+// into it. The pieces are views into the parameters, and libtorch's own AdamW runs on
+// them: AdamW is elementwise and keeps its state (step, exp_avg, exp_avg_sq) per tensor,
+// so updating the pieces is, element for element, the update AdamW would make to the
+// whole parameters -- the same arithmetic, not a re-implementation. A piece whose
+// parameter got no gradient in a step is skipped, exactly as AdamW skips the parameter.
+//
+//   stage 1   DataParallel all-reduces gradients as usual; each rank's pieces take their
+//             gradients from views of the averaged .grad; optimizer state is 1/d.
+//   stage 2   DataParallel reduce-scatters (Reduction::kReduceScatter): a rank receives
+//             only its averaged chunks and releases the parameters' .grad, so gradients
+//             held between backward and the optimizer step are 1/d as well.
+//
+// After the pieces are updated, every bucket's chunks are all-gathered, so every rank
+// holds the whole, updated parameters for the next forward. Communication per step and
+// rank, for N gradient elements: stage 1 = all-reduce (2(d-1)/d N) + all-gather
+// ((d-1)/d N); stage 2 = reduce-scatter + all-gather = 2(d-1)/d N, the all-reduce's volume.
+//
+// Global-norm clipping sees only the pieces: norm_sharing() adds the data-parallel group
+// to the groups whose partial squared norms are summed, so the norm is the whole model's.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "trireme/optim/clip.h"
+#include "trireme/parallel/data/data_parallel.h"
+
+namespace trireme::parallel {
+
+// Bytes of AdamW state (exp_avg, exp_avg_sq, max_exp_avg_sq) held by `optimizer`.
+int64_t adamw_state_bytes(const torch::optim::AdamW& optimizer);
+
+class ZeroOptimizer {
+ public:
+  // `dp` must use Reduction::kReduceScatter for stage 2, kAllReduce for stage 1, and keep
+  // its buckets (rebuild_buckets off: what a rank owns must not move). Throws
+  // InvalidArgument otherwise, or for a stage other than 1 or 2.
+  ZeroOptimizer(DataParallel& dp, int stage, const torch::optim::AdamWOptions& options);
+
+  int stage() const { return stage_; }
+  // This rank's pieces; after attach_gradients() each carries its averaged gradient (or
+  // none, when no rank had one for its parameter).
+  const std::vector<at::Tensor>& parameters() const { return pieces_; }
+  // Points the pieces' gradients at this step's averaged gradients. Call after the step's
+  // gradients are synchronised (DataParallel's step ended).
+  void attach_gradients();
+  // NormSharing for parameters(), from `whole`'s, which describes `params` (the data
+  // parallel module's parameters, any order): a piece counts where its parameter counts,
+  // and the data-parallel group joins the groups summed over.
+  optim::NormSharing norm_sharing(const std::vector<at::Tensor>& params, const optim::NormSharing& whole) const;
+  void set_lr(double lr);
+  // AdamW on the pieces, then the all-gather that gives every rank the whole parameters.
+  void step();
+  // Drops the gradients: the pieces', and the parameters' (stage 1).
+  void zero_grad();
+
+  const torch::optim::AdamW& optimizer() const { return *adamw_; }
+  int64_t optimizer_state_bytes() const { return adamw_state_bytes(*adamw_); }
+  // Elements this rank owns (its share of the parameters).
+  int64_t owned_elements() const { return owned_; }
+
+ private:
+  struct Piece {
+    size_t bucket = 0;
+    size_t param = 0;  // index into dp.parameters()
+    size_t k = 0;      // index within the bucket
+    int64_t param_offset = 0, chunk_offset = 0, length = 0;
+  };
+
+  DataParallel& dp_;
+  int stage_;
+  std::vector<Piece> layout_;
+  std::vector<at::Tensor> pieces_;
+  std::vector<int64_t> chunk_of_bucket_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+  int64_t owned_ = 0;
+};
+
+}  // namespace trireme::parallel
