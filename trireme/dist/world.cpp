@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <sstream>
 
 #include "trireme/common/error.h"
@@ -13,6 +15,125 @@
 
 namespace trireme::dist {
 namespace {
+
+// A client of the job's TCPStore that survives the loss of its connection.
+//
+// A c10d TCPStore client keeps one TCP connection for the whole run and never reconnects.
+// TCPStore::set is fire-and-forget: when the connection is dropped while a value is in
+// flight (seen just after the ~80 KB end-of-run sets, with nothing logged by the libuv
+// server), set() still returns, the value is lost, and only the next operation fails
+// with "Connection reset by peer" or "Broken pipe". So here every set is confirmed by
+// a round trip (check() on the same connection, which the server answers after applying
+// the set), and an operation that fails on a broken connection reconnects and is retried.
+// Only idempotent operations are retried; add/compareSet/append report the failure.
+class ReconnectingStore final : public c10d::Store {
+ public:
+  ReconnectingStore(std::string host, const c10d::TCPStoreOptions& options)
+      : Store(options.timeout), host_(std::move(host)), options_(options),
+        store_(c10::make_intrusive<c10d::TCPStore>(host_, options_)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    retried("set", [&](c10d::TCPStore& s) {
+      s.set(key, value);
+      confirm(s, {key});
+    });
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return retried("get", [&](c10d::TCPStore& s) { return s.get(key); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return retried("check", [&](c10d::TCPStore& s) { return s.check(keys); });
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    retried("wait", [&](c10d::TCPStore& s) { s.wait(keys); });
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    retried("wait", [&](c10d::TCPStore& s) { s.wait(keys, timeout); });
+  }
+  bool deleteKey(const std::string& key) override {
+    return retried("deleteKey", [&](c10d::TCPStore& s) { return s.deleteKey(key); });
+  }
+  int64_t getNumKeys() override {
+    return retried("getNumKeys", [&](c10d::TCPStore& s) { return s.getNumKeys(); });
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    return retried("multiGet", [&](c10d::TCPStore& s) { return s.multiGet(keys); });
+  }
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override {
+    retried("multiSet", [&](c10d::TCPStore& s) {
+      s.multiSet(keys, values);
+      confirm(s, keys);
+    });
+  }
+  // Not idempotent: a retry after a lost reply would apply them twice.
+  int64_t add(const std::string& key, int64_t value) override { return current()->add(key, value); }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return current()->compareSet(key, expected, desired);
+  }
+  void append(const std::string& key, const std::vector<uint8_t>& value) override {
+    current()->append(key, value);
+  }
+  bool hasExtendedApi() const override { return true; }
+  void setTimeout(const std::chrono::milliseconds& timeout) override {
+    Store::setTimeout(timeout);
+    std::lock_guard<std::mutex> lock(mutex_);
+    options_.timeout = timeout;
+    store_->setTimeout(timeout);
+  }
+
+ private:
+  static constexpr int kAttempts = 3;
+
+  c10::intrusive_ptr<c10d::TCPStore> current() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return store_;
+  }
+
+  // The keys must be there once the server has read what this connection sent before.
+  static void confirm(c10d::TCPStore& s, const std::vector<std::string>& keys) {
+    if (!s.check(keys))
+      C10_THROW_ERROR(DistNetworkError, "the store did not keep a value just set");
+  }
+
+  // A timeout is an answer (the key is not there), not a broken connection.
+  static bool is_timeout(const std::string& text) {
+    return text.find("imeout") != std::string::npos || text.find("timed out") != std::string::npos;
+  }
+
+  template <typename Fn>
+  auto retried(const char* what, Fn&& fn) -> decltype(fn(std::declval<c10d::TCPStore&>())) {
+    for (int attempt = 1;; ++attempt) {
+      const c10::intrusive_ptr<c10d::TCPStore> s = current();
+      try {
+        return fn(*s);
+      } catch (const c10::DistNetworkError& e) {
+        const std::string text = e.what_without_backtrace();
+        if (attempt >= kAttempts || is_timeout(text)) throw;
+        std::fprintf(stderr,
+                     "trireme: the connection to the rendezvous store at %s:%u broke during %s "
+                     "(%s); reconnecting and retrying\n",
+                     host_.c_str(), static_cast<unsigned>(options_.port), what, text.c_str());
+        std::fflush(stderr);
+        reconnect(s);
+      }
+    }
+  }
+
+  // Replaces the connection `broken` (unless another thread already did).
+  void reconnect(const c10::intrusive_ptr<c10d::TCPStore>& broken) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (store_ != broken) return;
+    store_ = c10::make_intrusive<c10d::TCPStore>(host_, options_);
+  }
+
+  const std::string host_;
+  c10d::TCPStoreOptions options_;  // a client's: never isServer
+  std::mutex mutex_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
 
 Store connect_store(const WorldInfo& info, const WorldOptions& options) {
   if (info.world_size == 1 && info.master_port == 0) return c10::make_intrusive<c10d::HashStore>();
@@ -23,7 +144,11 @@ Store connect_store(const WorldInfo& info, const WorldOptions& options) {
   store_options.waitWorkers = false;
   store_options.timeout = options.connect_timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
+    // A rank that hosts the server keeps the plain TCPStore: replacing it would stop the
+    // server. Its own connection is to itself, over loopback.
+    if (store_options.isServer)
+      return c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
+    return c10::make_intrusive<ReconnectingStore>(info.master_addr, store_options);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot reach the rendezvous store at ", info.master_addr, ":",
                   info.master_port, " (", error_text(e), ")");

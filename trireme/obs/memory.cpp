@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 namespace trireme::obs {
 namespace {
@@ -21,16 +22,30 @@ void add(int64_t n) {
   }
 }
 
-// Owns the inner allocation; freeing it un-counts the bytes.
+// The inner allocations, by data pointer. The context of a counted DataPtr is its data
+// pointer (not a separate record): libtorch's raw_allocate(), which some kernels use for
+// scratch space, requires exactly that.
 struct Counted {
   c10::DataPtr inner;
-  int64_t bytes;
+  int64_t bytes = 0;
 };
+std::mutex table_mutex;
+std::unordered_map<void*, Counted>& table() {
+  static auto* map = new std::unordered_map<void*, Counted>();  // outlives every storage
+  return *map;
+}
 
-void free_counted(void* context) {
-  auto* counted = static_cast<Counted*>(context);
-  live_bytes.fetch_sub(counted->bytes);
-  delete counted;  // frees the inner allocation
+void free_counted(void* data) {
+  Counted counted;
+  {
+    std::lock_guard<std::mutex> lock(table_mutex);
+    auto it = table().find(data);
+    if (it == table().end()) return;
+    counted = std::move(it->second);
+    table().erase(it);
+  }
+  live_bytes.fetch_sub(counted.bytes);
+  // counted.inner frees the inner allocation as it goes out of scope.
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -41,10 +56,16 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
-    auto* counted = new Counted{std::move(inner), static_cast<int64_t>(n)};
-    add(counted->bytes);
-    return {data, counted, &free_counted, device};
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lock(table_mutex);
+      table()[data] = Counted{std::move(inner), static_cast<int64_t>(n)};
+    }
+    add(static_cast<int64_t>(n));
+    return {data, data, &free_counted, device};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
