@@ -11,12 +11,14 @@ Trireme), torch.set_num_threads(1), DDP(bucket_cap_mb=--bucket-mb, first bucket
 --first-bucket-mb as Trireme's; see PeerDDP), the global batch split evenly over ranks and into --micro-batches
 (no_sync() on all but the last), AdamW(betas 0.9/0.95, weight_decay 0.1), linear warm-up over
 a tenth of the steps then cosine to --min-lr, clip to global norm --clip, mean cross-entropy,
-random windows of the bundled corpus, and a loss all-reduce per step for logging (Trireme does
+random windows of the bundled corpus (--zero 1: PyTorch's ZeroRedundancyOptimizer, its
+ZeRO-1, around the same AdamW), and a loss all-reduce per step for logging (Trireme does
 the same, inside its step time).
 
 Rank 0 writes OUT/metrics.jsonl, one JSON object per step: step, loss, lr, tokens_per_s,
 step_ms, forward_ms, backward_ms (in DDP this includes waiting for the last buckets'
-all-reduce), optimizer_ms, grad_norm; and OUT/buckets.json with DDP's bucket sizes in bytes.
+all-reduce), optimizer_ms, grad_norm; and OUT/buckets.json with DDP's bucket sizes in bytes
+and every rank's AdamW state bytes.
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1),
+                    help="1: ZeroRedundancyOptimizer (PyTorch's ZeRO-1) around AdamW")
     ap.add_argument("--data", default=DEFAULT_CORPUS)
     ap.add_argument("--out", required=True, help="directory for metrics.jsonl (rank 0)")
     args = ap.parse_args()
@@ -116,8 +120,13 @@ def main() -> int:
     model = Gpt(cfg, args.seed)
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.first_bucket_mb * 1024 * 1024)
     ddp = PeerDDP(model, bucket_cap_mb=args.bucket_mb)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                            weight_decay=args.weight_decay)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                      lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                weight_decay=args.weight_decay)
 
     with open(args.data, "rb") as f:
         corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
@@ -178,11 +187,18 @@ def main() -> int:
                 "optimizer_ms": (o1 - o0) * 1e3, "grad_norm": float(gn)}) + "\n")
             metrics.flush()
 
+    # This rank's AdamW state (exp_avg, exp_avg_sq), gathered on rank 0.
+    local_opt = opt.optim if args.zero else opt
+    state_bytes = sum(t.numel() * t.element_size() for st in local_opt.state.values()
+                      for k, t in st.items() if torch.is_tensor(t) and k != "step")
+    states = [None] * world
+    dist.all_gather_object(states, state_bytes)
     if metrics is not None:
         metrics.close()
         with open(os.path.join(args.out, "buckets.json"), "w") as f:
             json.dump({"bucket_bytes": bucket_sizes(ddp),
-                       "parameters": model.num_parameters(), "world_size": world}, f)
+                       "parameters": model.num_parameters(), "world_size": world,
+                       "optimizer_state_bytes": states}, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -150,10 +150,10 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
       bucket.chunk = comm::chunk_length(numel, group_->getSize());
       bucket.shard = at::zeros({bucket.chunk}, options);
       bucket.had_grad.assign(bucket.params.size(), false);
-    } else {
+    } else if (group_->getSize() > 1) {
       numel += static_cast<int64_t>(bucket.params.size());  // one "has a gradient" flag each
       bucket.flat = at::zeros({numel}, options);
-    }
+    }  // a group of one: the gradients are already the average; no buffer, no collective
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -271,6 +271,10 @@ void DataParallel::launch(size_t b) {
     current_.buckets.push_back(timing);
     return;
   }
+  if (!bucket.flat.defined()) {  // a group of one
+    bucket.launched = true;
+    return;
+  }
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const at::Tensor& p = params_[bucket.params[k]];
     at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
@@ -327,6 +331,7 @@ void DataParallel::finish_step() {
       bucket.work.reset();
       continue;
     }
+    if (!bucket.work) continue;  // a group of one: nothing was sent
     dist::wait_work(bucket.work, "gradient all-reduce");
     const at::Tensor flags =
         bucket.flat.narrow(0, bucket.flags_offset, static_cast<int64_t>(bucket.params.size()))
@@ -371,8 +376,10 @@ bool DataParallel::had_gradient(size_t b, size_t k) const {
 
 int64_t DataParallel::buffer_bytes() const {
   int64_t bytes = 0;
-  for (const auto& bucket : buckets_)
-    bytes += static_cast<int64_t>((reduce_scatter_ ? bucket.shard : bucket.flat).nbytes());
+  for (const auto& bucket : buckets_) {
+    const at::Tensor& kept = reduce_scatter_ ? bucket.shard : bucket.flat;
+    if (kept.defined()) bytes += static_cast<int64_t>(kept.nbytes());
+  }
   return bytes;
 }
 

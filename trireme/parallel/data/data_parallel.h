@@ -32,6 +32,9 @@
 // deferred weight gradients of zero-bubble schedules) are reported with
 // gradient_accumulated().
 //
+// In a group of one rank (tensor or pipeline parallelism without data parallelism) the
+// gradients already are the average: no bucket buffer is kept and nothing is sent.
+//
 // Each bucket carries, after the gradients, one flag per parameter saying whether this
 // rank had a gradient for it. A parameter that no rank gives a gradient keeps an undefined
 // gradient, as it would in one process, so the optimizer skips it (no weight decay or
