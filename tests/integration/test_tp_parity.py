@@ -56,6 +56,10 @@ class TensorParallelParity(unittest.TestCase):
     def test_dp2_tp2(self):
         self.check(2, 2, 1)
 
+    def test_dp2_tp2_data_parallel_innermost(self):
+        # The other mesh order: data-parallel neighbours are adjacent ranks.
+        self.check(2, 2, 1, ["--mesh-order", "dp-tp-pp"])
+
     def test_tp2_pp2(self):
         self.check(1, 2, 2, ["--schedule", "1f1b", "--micro-batches", "4"])
 

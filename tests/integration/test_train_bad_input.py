@@ -54,6 +54,16 @@ class TrainBadInput(unittest.TestCase):
         # 2 heads cannot be split 4 ways.
         self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")
 
+    def test_zero_stage_unknown(self):
+        self.refuse(["--nproc-per-node", "2", "--zero", "3"] + SMALL, "--zero 3 is not a ZeRO stage")
+
+    def test_zero_without_data_parallelism(self):
+        self.refuse(["--nproc-per-node", "2", "--tp", "2", "--zero", "1"] + SMALL,
+                    "use --dp 2 or more, or drop --zero")
+
+    def test_bad_mesh_order(self):
+        self.refuse(["--nproc-per-node", "2", "--mesh-order", "tp-dp-dp"] + SMALL, "mesh order")
+
     def test_unknown_device(self):
         self.refuse(["--nproc-per-node", "1", "--device", "tpu"] + SMALL, "--device tpu is not known")
 

@@ -1,6 +1,7 @@
 #include "trireme/cli/train_options.h"
 
 #include "trireme/common/error.h"
+#include "trireme/dist/mesh.h"
 #include "trireme/optim/lr_schedule.h"
 #include "trireme/parallel/pipeline/partition.h"
 #include "trireme/parallel/pipeline/schedule.h"
@@ -97,6 +98,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
                 " sequences) is not divisible by --micro-batches ", o->micro_batches,
                 "; choose --micro-batches dividing ", local);
+  dist::Mesh::from_sizes(o->dp, o->tp, o->pp, o->mesh_order);  // throws naming a bad --mesh-order
   validate_pipeline_options(o);
   TRIREME_CHECK(o->zero >= 0 && o->zero <= 2, "--zero ", o->zero,
                 " is not a ZeRO stage; use 1 (optimizer state sharded), 2 (gradients too) or 0 (off)");
