@@ -32,6 +32,9 @@ inline void run_ranks(int world, const std::function<void(int, const dist::Group
         auto group = dist::create_gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank,
                                              world, options);
         fn(rank, group);
+        // No rank leaves (destroying its group) before all are done with theirs: a rank that
+        // does no collective could otherwise tear down pairs a slower rank still connects.
+        group->barrier()->wait();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();

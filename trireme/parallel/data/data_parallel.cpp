@@ -256,42 +256,33 @@ void DataParallel::launch(size_t b) {
   Bucket& bucket = buckets_[b];
   if (reduce_scatter_) {
     bucket.flat = pack_chunks(bucket);
-    bucket.flat.div_(group_->getSize());
-    BucketTiming timing{static_cast<int>(b), bucket.flat.nbytes(), obs::now_us(), 0};
-    try {
-      bucket.work = reduce_scatter_->launch(bucket.flat);
-    } catch (const std::exception& e) {
-      TRIREME_THROW(CommError, "gradient reduce-scatter of bucket ", b, " could not be issued: ",
-                    dist::error_text(e));
+  } else if (!bucket.flat.defined()) {  // a group of one
+    bucket.launched = true;
+    return;
+  } else {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const at::Tensor& p = params_[bucket.params[k]];
+      at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
+      const bool has_grad = p.grad().defined();
+      if (has_grad)
+        slot.copy_(p.grad().reshape(-1));
+      else
+        slot.zero_();
+      bucket.flat[bucket.flags_offset + static_cast<int64_t>(k)].fill_(has_grad ? 1.0 : 0.0);
     }
-    bucket.launched = true;
-    bucket.done_us = std::make_shared<std::atomic<double>>(0.0);
-    auto done = bucket.done_us;
-    bucket.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = obs::now_us(); });
-    current_.buckets.push_back(timing);
-    return;
-  }
-  if (!bucket.flat.defined()) {  // a group of one
-    bucket.launched = true;
-    return;
-  }
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const at::Tensor& p = params_[bucket.params[k]];
-    at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
-    const bool has_grad = p.grad().defined();
-    if (has_grad)
-      slot.copy_(p.grad().reshape(-1));
-    else
-      slot.zero_();
-    bucket.flat[bucket.flags_offset + static_cast<int64_t>(k)].fill_(has_grad ? 1.0 : 0.0);
   }
   bucket.flat.div_(group_->getSize());
-  std::vector<at::Tensor> tensors{bucket.flat};
+  const char* what = reduce_scatter_ ? "reduce-scatter" : "all-reduce";
   BucketTiming timing{static_cast<int>(b), bucket.flat.nbytes(), obs::now_us(), 0};
   try {
-    bucket.work = group_->allreduce(tensors);
+    if (reduce_scatter_) {
+      bucket.work = reduce_scatter_->launch(bucket.flat);
+    } else {
+      std::vector<at::Tensor> tensors{bucket.flat};
+      bucket.work = group_->allreduce(tensors);
+    }
   } catch (const std::exception& e) {
-    TRIREME_THROW(CommError, "gradient all-reduce of bucket ", b, " could not be issued: ",
+    TRIREME_THROW(CommError, "gradient ", what, " of bucket ", b, " could not be issued: ",
                   dist::error_text(e));
   }
   bucket.launched = true;
