@@ -36,7 +36,7 @@ class ZeroParity(unittest.TestCase):
         cls.reference = train(os.path.join(cls.dir, "ref"))
 
     def check(self, zero, dp, tp=1, pp=1, extra=()):
-        name = f"zero{zero}-dp{dp}-tp{tp}-pp{pp}"
+        name = f"zero{zero}-dp{dp}-tp{tp}-pp{pp}" + "".join(extra).replace("--", "-")
         params, steps, ranks = train(os.path.join(self.dir, name), dp, tp, pp,
                                      ["--zero", str(zero)] + list(extra))
         ref_params, ref_steps, ref_ranks = self.reference
@@ -83,6 +83,10 @@ class ZeroParity(unittest.TestCase):
 
     def test_zero2_dp4(self):
         self.check_memory(2, 4, *self.check(2, 4))
+
+    def test_zero2_dp2_accumulation(self):
+        # Gradients accumulate over 2 micro-batches before the reduce-scatter.
+        self.check(2, 2, extra=["--micro-batches", "2"])
 
     def test_zero2_dp2_tp2(self):
         self.check(2, 2, tp=2)
