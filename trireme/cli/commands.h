@@ -21,6 +21,10 @@ int schedule_main(const std::vector<std::string>& args);
 // the measured and theoretical pipeline bubble of a `trireme train gpt` run.
 int report_main(const std::vector<std::string>& args);
 
+// trireme checkpoint inspect DIR: verifies a checkpoint (DIR/<step>, or the newest good
+// one under DIR) and prints its step, layout and tensors.
+int checkpoint_main(const std::vector<std::string>& args);
+
 // The per-rank body of `trireme train gpt`, run inside a launched worker.
 int train_worker_main(const std::vector<std::string>& args);
 

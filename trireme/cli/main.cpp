@@ -35,6 +35,7 @@ constexpr const char* kUsage =
     "  train   train a reference model: trireme train gpt --nproc-per-node 2 --dp 2\n"
     "  schedule  print and draw a pipeline schedule: trireme schedule --schedule zb-h1\n"
     "  report  draw a run's pipeline and measure its bubble: trireme report runs/mine\n"
+    "  checkpoint  verify and describe a checkpoint: trireme checkpoint inspect runs/mine/checkpoints\n"
     "run 'trireme <command> --help' for its flags\n";
 
 // Errors reach the user as one line: collapse any newlines a lower layer put in.
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
     if (command == "train") return trireme::cli::train_main(args);
     if (command == "schedule") return trireme::cli::schedule_main(args);
     if (command == "report") return trireme::cli::report_main(args);
+    if (command == "checkpoint") return trireme::cli::checkpoint_main(args);
     if (command == "__train-worker") return trireme::cli::train_worker_main(args);
     std::fprintf(stderr, "trireme: unknown command '%s'; run 'trireme --help' for the commands\n",
                  command.c_str());

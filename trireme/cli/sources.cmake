@@ -4,9 +4,11 @@ target_sources(trireme_core PRIVATE trireme/cli/flags.cpp trireme/cli/train_opti
 target_sources(trireme_cli PRIVATE
   trireme/cli/main.cpp
   trireme/cli/run.cpp
+  trireme/cli/checkpoint.cpp
   trireme/cli/schedule.cpp
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
+  trireme/cli/train_checkpoint.cpp
   trireme/cli/train_data_parallel.cpp
   trireme/cli/train_engine.cpp
   trireme/cli/train_gpt.cpp

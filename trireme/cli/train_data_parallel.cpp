@@ -20,9 +20,7 @@ class DataParallelEngine final : public TrainEngine {
 
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
   optim::NormSharing gradient_norm_sharing() override {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    return norm_sharing(model_->parameters(), named, model_->shard_specs(), tp_, {});
+    return norm_sharing(model_->parameters(), named_parameters(), model_->shard_specs(), tp_, {});
   }
 
   double run_step(const std::vector<data::Batch>& micro_batches, StepTimes* times,
@@ -51,10 +49,15 @@ class DataParallelEngine final : public TrainEngine {
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
   parallel::DataParallel& data_parallel() override { return *ddp_; }
 
-  std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override {
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    return gather_parameters(named, model_->shard_specs(), tp_, leader_);
+    return named;
+  }
+  const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return model_->shard_specs(); }
+
+  std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
+    return gather_parameters(named_parameters(), model_->shard_specs(), tp_, leader_);
   }
 
   // (The sample needs every tensor-parallel rank; it is drawn only from a whole model.)

@@ -69,6 +69,11 @@ class TrainEngine {
   virtual const parallel::StepCommStats& comm() const = 0;
   // The DataParallel that reduces this rank's gradients (ZeRO shards along its buckets).
   virtual parallel::DataParallel& data_parallel() = 0;
+  // This rank's parameters by whole-model name, and how each is split across the
+  // tensor-parallel group (a name missing from the specs is replicated): what checkpoints
+  // save and load.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() = 0;
+  virtual const std::map<std::string, tensor::ShardSpec>& shard_specs() const = 0;
   // The parameters this rank contributes to --dump-params, named as in the whole model
   // (empty on ranks whose copy another rank writes).
   virtual std::vector<std::pair<std::string, at::Tensor>> dump_parameters() = 0;

@@ -43,6 +43,11 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("sample-tokens", &o->sample_tokens, "bytes of text generated at the end");
   p.add("log-every", &o->log_every, "progress line every N steps when not on a terminal");
   p.add("dump-params", &o->dump_params, "write the final parameters to this file");
+  p.add("checkpoint-every", &o->checkpoint_every, "write a checkpoint every N steps (0: never)");
+  p.add("checkpoint-dir", &o->checkpoint_dir, "where checkpoints go (default: OUT/checkpoints)");
+  p.add("keep-checkpoints", &o->keep_checkpoints, "how many of the newest checkpoints to keep");
+  p.add_switch("resume", &o->resume,
+               "continue from the newest checkpoint that verifies (any layout), if there is one");
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
@@ -113,6 +118,10 @@ void validate_train_options(TrainOptions* o, int world_size) {
   optim::LrSchedule{o->lr, o->min_lr, o->warmup, o->steps}.validate();
   TRIREME_CHECK(o->weight_decay >= 0, "--weight-decay must be >= 0");
   TRIREME_CHECK(o->clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
+  TRIREME_CHECK(o->checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0: no checkpoints), got ",
+                o->checkpoint_every);
+  TRIREME_CHECK(o->keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", o->keep_checkpoints);
+  if (o->checkpoint_dir.empty()) o->checkpoint_dir = o->out + "/checkpoints";
 }
 
 }  // namespace trireme::cli

@@ -39,6 +39,10 @@ struct TrainOptions {
   int64_t sample_tokens = 200;
   int64_t log_every = 10;    // non-terminal progress: a line every N steps
   std::string dump_params;   // write the final parameters to this file (rank 0)
+  int64_t checkpoint_every = 0;  // write a checkpoint every N steps (0: never)
+  std::string checkpoint_dir;    // empty: OUT/checkpoints
+  int64_t keep_checkpoints = 3;  // the newest N are kept
+  bool resume = false;           // continue from the newest good checkpoint, if any
   std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
   bool quiet = false;
 };

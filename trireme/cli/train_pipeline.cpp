@@ -100,6 +100,11 @@ class PipelineEngine final : public TrainEngine {
   const parallel::StepCommStats& comm() const override { return ddp_->last_step(); }
   parallel::DataParallel& data_parallel() override { return *ddp_; }
 
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override {
+    return stage_module_->named_model_parameters();
+  }
+  const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return specs_; }
+
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     return gather_parameters(stage_module_->named_model_parameters(), specs_, tp_,
                              first_replica_ && tp_.rank == 0);

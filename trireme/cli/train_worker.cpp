@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "trireme/cli/commands.h"
+#include "trireme/cli/train_checkpoint.h"
 #include "trireme/cli/train_engine.h"
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
@@ -75,23 +76,6 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("buckets", static_cast<int64_t>(comm.buckets.size()))
       .add("buckets_overlapped", comm.buckets_overlapped())
       .add("grad_norm", grad_norm);
-}
-
-// Every rank publishes `text` under `key` through the store (so this works across
-// machines); after a barrier rank 0 reads them all. Returns every rank's text on rank 0,
-// nothing elsewhere.
-std::vector<std::string> gather_on_leader(dist::World& world, const std::string& key,
-                                          const std::string& text) {
-  world.store()->set(key + "/" + std::to_string(world.rank()),
-                     std::vector<uint8_t>(text.begin(), text.end()));
-  dist::run_collective("end-of-run barrier", [&] { return world.group()->barrier(); });
-  std::vector<std::string> texts;
-  if (world.rank() != 0) return texts;
-  for (int r = 0; r < world.size(); ++r) {
-    const std::vector<uint8_t> bytes = world.store()->get(key + "/" + std::to_string(r));
-    texts.emplace_back(bytes.begin(), bytes.end());
-  }
-  return texts;
 }
 
 // DIR/run.json: the layout and each rank's place in it, for `trireme report`.
@@ -225,11 +209,20 @@ int train_worker_main(const std::vector<std::string>& args) {
            : engine->gradient_norm_sharing();
   MemoryAccount memory;
   memory.parameters = bytes_of(engine->parameters(), false);
+  const TrainState train_state{opt, world, groups, *engine, adamw.get(), zero.get()};
+  int64_t first_step = 0;
+  if (opt.resume) {
+    first_step = load_checkpoint(train_state);
+    if (leader && !opt.quiet && first_step > 0)
+      std::fprintf(stderr, "gpt: resumed from %s/%lld\n", opt.checkpoint_dir.c_str(), (long long)first_step);
+    else if (leader && !opt.quiet)
+      std::fprintf(stderr, "gpt: no checkpoint in %s; starting at step 0\n", opt.checkpoint_dir.c_str());
+  }
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);
   std::unique_ptr<obs::MetricsWriter> metrics;
-  if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl");
+  if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
   obs::Timeline timeline(rank);
@@ -247,7 +240,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
   double elapsed_s = 0;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
-  for (int64_t step = 0; step < opt.steps; ++step) {
+  for (int64_t step = first_step; step < opt.steps; ++step) {
     const bool tracing = step >= trace_first && step < trace_last;
     const double lr = schedule.at(step);
     if (zero) {
@@ -312,23 +305,24 @@ int train_worker_main(const std::vector<std::string>& args) {
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
       metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm));
       if (!opt.quiet)
-        progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1)});
+        progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }
+    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) save_checkpoint(train_state, step + 1);
   }
   if (leader && !opt.quiet) progress.finish();
 
   obs::RankEvents ranks;
-  for (const auto& text : gather_on_leader(world, "timeline", timeline.serialize()))
+  for (const auto& text : world.gather_on_leader("timeline", timeline.serialize()))
     ranks.push_back(obs::Timeline::parse(text));
   const std::vector<std::string> dumps =
       opt.dump_params.empty() ? std::vector<std::string>()
-                              : gather_on_leader(world, "dump", obs::parameter_dump_bytes(engine->dump_parameters()));
+                              : world.gather_on_leader("dump", obs::parameter_dump_bytes(engine->dump_parameters()));
   obs::JsonObject entry;
   entry.add("rank", rank).add("stage", groups.coord("pp")).add("dp", dp_rank);
   engine->summarize(entry);
   memory.add_to(entry);
-  const std::vector<std::string> entries = gather_on_leader(world, "summary", entry.str());
-  const std::vector<std::string> memory_lines = gather_on_leader(world, "memory", memory.line(rank));
+  const std::vector<std::string> entries = world.gather_on_leader("summary", entry.str());
+  const std::vector<std::string> memory_lines = world.gather_on_leader("memory", memory.line(rank));
   if (leader) {
     const int64_t last_traced = std::min(trace_last, opt.steps);
     obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));

@@ -222,4 +222,16 @@ MeshGroups World::mesh_groups(const Mesh& mesh) {
   return out;
 }
 
+std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {
+  store_->set(key + "/" + std::to_string(rank()), std::vector<uint8_t>(text.begin(), text.end()));
+  run_collective("gather barrier", [&] { return group()->barrier(); });
+  std::vector<std::string> texts;
+  if (rank() != 0) return texts;
+  for (int r = 0; r < size(); ++r) {
+    const std::vector<uint8_t> bytes = store_->get(key + "/" + std::to_string(r));
+    texts.emplace_back(bytes.begin(), bytes.end());
+  }
+  return texts;
+}
+
 }  // namespace trireme::dist

@@ -61,6 +61,10 @@ class World {
   // Publishes a one-line description of this rank's place in the job (e.g. "pipeline
   // stage 1 of 2, data-parallel replica 0"); `trireme run` names it if this rank fails.
   void announce_role(const std::string& role);
+  // Every rank publishes `text` under `key` through the store (so this works across
+  // machines); after a barrier of group() rank 0 reads them all. Returns every rank's
+  // text, in rank order, on rank 0 and nothing elsewhere. A collective: all ranks call it.
+  std::vector<std::string> gather_on_leader(const std::string& key, const std::string& text);
 
  private:
   World(WorldInfo info, WorldOptions options, Store base, Store store);

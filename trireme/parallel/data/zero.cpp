@@ -88,40 +88,107 @@ void ZeroOptimizer::set_lr(double lr) {
 
 void ZeroOptimizer::step() {
   adamw_->step();
+  if (dp_.group()->getSize() == 1) return;
+  const auto& params = dp_.parameters();
+  all_gather_chunks([&](size_t i) { return pieces_[i]; },
+                    [&](size_t p) { return params[p].detach().view(-1); }, "ZeRO parameter all-gather");
+}
+
+void ZeroOptimizer::all_gather_chunks(const std::function<at::Tensor(size_t)>& value,
+                                      const std::function<at::Tensor(size_t)>& destination, const char* what) {
   const int d = dp_.group()->getSize();
-  if (d == 1) return;
   at::NoGradGuard no_grad;
   const auto& params = dp_.parameters();
+  const size_t n = dp_.buckets().size();
   // Every bucket's chunk goes out at once; each is unpacked as it arrives.
-  std::vector<at::Tensor> gathered(dp_.buckets().size());
-  std::vector<c10::intrusive_ptr<c10d::Work>> works(dp_.buckets().size());
-  std::vector<at::Tensor> mine(dp_.buckets().size());
-  for (size_t b = 0; b < dp_.buckets().size(); ++b) {
+  std::vector<at::Tensor> gathered(n), mine(n);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
+  for (size_t b = 0; b < n; ++b) {
     const at::Tensor& first = params[dp_.buckets()[b].front()];
     mine[b] = at::zeros({chunk_of_bucket_[b]}, first.options().requires_grad(false));
     gathered[b] = at::empty({d * chunk_of_bucket_[b]}, mine[b].options());
   }
   for (size_t i = 0; i < layout_.size(); ++i)
-    mine[layout_[i].bucket].narrow(0, layout_[i].chunk_offset, layout_[i].length).copy_(pieces_[i]);
-  for (size_t b = 0; b < works.size(); ++b) {
+    mine[layout_[i].bucket].narrow(0, layout_[i].chunk_offset, layout_[i].length).copy_(value(i));
+  for (size_t b = 0; b < n; ++b) {
     try {
       works[b] = dp_.group()->_allgather_base(gathered[b], mine[b]);
     } catch (const std::exception& e) {
-      TRIREME_THROW(CommError, "ZeRO parameter all-gather of bucket ", b, " could not be issued: ",
-                    dist::error_text(e));
+      TRIREME_THROW(CommError, what, " of bucket ", b, " could not be issued: ", dist::error_text(e));
     }
   }
-  for (size_t b = 0; b < works.size(); ++b) {
-    dist::wait_work(works[b], "ZeRO parameter all-gather");
-    const auto& bucket = dp_.buckets()[b];
+  for (size_t b = 0; b < n; ++b) {
+    dist::wait_work(works[b], what);
     int64_t begin = 0;
-    for (size_t p : bucket) {
-      at::Tensor flat = params[p].detach().view(-1);
+    for (size_t p : dp_.buckets()[b]) {
+      at::Tensor flat = destination(p);
       for (const comm::Segment& s : comm::split_by_chunks(begin, flat.numel(), chunk_of_bucket_[b]))
         flat.narrow(0, s.offset, s.length)
             .copy_(gathered[b].narrow(0, s.chunk * chunk_of_bucket_[b] + s.chunk_offset, s.length));
       begin += flat.numel();
     }
+  }
+}
+
+std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
+  const auto& params = dp_.parameters();
+  std::vector<ParamState> states(params.size());
+  // Steps: each piece's owner reports its parameter's step; the maximum is the step.
+  at::Tensor steps = at::zeros({static_cast<int64_t>(params.size())}, at::kLong);
+  const auto state_of = [&](size_t i) -> const torch::optim::AdamWParamState* {
+    auto it = adamw_->state().find(pieces_[i].unsafeGetTensorImpl());
+    return it == adamw_->state().end() ? nullptr
+                                       : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
+  };
+  for (size_t i = 0; i < layout_.size(); ++i)
+    if (const auto* s = state_of(i)) steps[static_cast<int64_t>(layout_[i].param)] = s->step();
+  if (dp_.group()->getSize() > 1) {
+    std::vector<at::Tensor> buffer{steps.to(params.front().device())};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    dist::run_collective("ZeRO step gather", [&] { return dp_.group()->allreduce(buffer, max); });
+    steps = buffer[0].cpu();
+  }
+  for (size_t p = 0; p < params.size(); ++p) {
+    states[p].step = steps[static_cast<int64_t>(p)].item<int64_t>();
+    states[p].exp_avg = at::zeros_like(params[p].detach());
+    states[p].exp_avg_sq = at::zeros_like(params[p].detach());
+  }
+  for (int moment = 0; moment < 2; ++moment) {
+    const auto value = [&](size_t i) {
+      const auto* s = state_of(i);
+      if (!s) return at::zeros_like(pieces_[i]);
+      return moment == 0 ? s->exp_avg() : s->exp_avg_sq();
+    };
+    const auto destination = [&](size_t p) {
+      return (moment == 0 ? states[p].exp_avg : states[p].exp_avg_sq).view(-1);
+    };
+    if (dp_.group()->getSize() > 1) {
+      all_gather_chunks(value, destination, "ZeRO optimizer-state gather");
+    } else {
+      for (size_t i = 0; i < layout_.size(); ++i)
+        destination(layout_[i].param).narrow(0, layout_[i].param_offset, layout_[i].length).copy_(value(i));
+    }
+  }
+  for (auto& s : states)
+    if (s.step == 0) s.exp_avg = s.exp_avg_sq = at::Tensor();
+  return states;
+}
+
+void ZeroOptimizer::load_state(const std::vector<ParamState>& states) {
+  TRIREME_CHECK(states.size() == dp_.parameters().size(), "ZeRO load_state: ", states.size(),
+                " parameter states for ", dp_.parameters().size(), " parameters");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const ParamState& s = states[layout_[i].param];
+    const void* key = pieces_[i].unsafeGetTensorImpl();
+    adamw_->state().erase(const_cast<void*>(key));
+    if (s.step == 0) continue;
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(s.step);
+    state->exp_avg(s.exp_avg.reshape(-1).narrow(0, layout_[i].param_offset, layout_[i].length).clone());
+    state->exp_avg_sq(s.exp_avg_sq.reshape(-1).narrow(0, layout_[i].param_offset, layout_[i].length).clone());
+    adamw_->state()[const_cast<void*>(key)] = std::move(state);
   }
 }
 

@@ -27,6 +27,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,18 @@ class ZeroOptimizer {
   // Drops the gradients: the pieces', and the parameters' (stage 1).
   void zero_grad();
 
+  // AdamW's state of one whole (rank-local) parameter, for checkpoints.
+  struct ParamState {
+    int64_t step = 0;  // 0: no state yet (the tensors are then undefined)
+    at::Tensor exp_avg, exp_avg_sq;
+  };
+  // Every parameter's state, assembled from the ranks' pieces (aligned with
+  // dp.parameters()). A collective over the data-parallel group.
+  std::vector<ParamState> gather_state();
+  // Takes each piece's part of `states` (aligned with dp.parameters()); parameters with
+  // step 0 get no state.
+  void load_state(const std::vector<ParamState>& states);
+
   const torch::optim::AdamW& optimizer() const { return *adamw_; }
   int64_t optimizer_state_bytes() const { return adamw_state_bytes(*adamw_); }
   // Elements this rank owns (its share of the parameters).
@@ -74,6 +87,11 @@ class ZeroOptimizer {
     size_t k = 0;      // index within the bucket
     int64_t param_offset = 0, chunk_offset = 0, length = 0;
   };
+
+  // All-gathers, bucket by bucket, the chunks built from value(piece index) into
+  // destination(parameter index) (a flat view of a dp.parameters()-shaped tensor).
+  void all_gather_chunks(const std::function<at::Tensor(size_t)>& value,
+                         const std::function<at::Tensor(size_t)>& destination, const char* what);
 
   DataParallel& dp_;
   int stage_;

@@ -1,0 +1,339 @@
+// Writing, verifying and reading checkpoints; see checkpoint.h.
+#include "trireme/ft/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "trireme/common/error.h"
+
+namespace trireme::ft {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kMagic[] = "TRIREME-CKPT-SHARD 1\n";
+constexpr size_t kMagicBytes = sizeof(kMagic) - 1;
+constexpr char kFormat[] = "trireme-checkpoint";
+
+uint32_t crc32_of(const void* data, size_t bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {  // zlib takes uInt lengths
+    const uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = crc32(crc, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    default: TRIREME_THROW(InvalidArgument, "checkpoint: unsupported dtype ", c10::toString(t));
+  }
+}
+
+at::ScalarType dtype_of(const std::string& name, const std::string& where) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "int64") return at::kLong;
+  if (name == "uint8") return at::kByte;
+  TRIREME_THROW(CheckpointCorrupt, where, ": unknown dtype '", name, "'");
+}
+
+// Writes `bytes` to `path` and makes it durable (fsync of the file).
+void write_durably(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TRIREME_CHECK(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      TRIREME_THROW(Error, "writing ", path, " failed: ", why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  TRIREME_CHECK(synced, "fsync of ", path, " failed: ", std::strerror(errno));
+}
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::vector<int64_t> ints(const json& j, const std::string& where, const char* field) {
+  TRIREME_ENFORCE_EQ(j.is_array(), true, "");
+  std::vector<int64_t> out;
+  for (const auto& v : j) {
+    if (!v.is_number_integer()) TRIREME_THROW(CheckpointCorrupt, where, ": field ", field, " is not a list of integers");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+const json& field(const json& object, const char* key, const std::string& where) {
+  if (!object.is_object() || !object.contains(key))
+    TRIREME_THROW(CheckpointCorrupt, where, ": missing field '", key, "'");
+  return object.at(key);
+}
+
+// The steps under root that have a directory, newest first.
+std::vector<int64_t> steps_under(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.empty() ||
+        !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    steps.push_back(std::stoll(name));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                      const std::vector<SavedPiece>& pieces, dist::World& world, int keep) {
+  TRIREME_CHECK(keep >= 1, "checkpoints to keep must be >= 1, got ", keep);
+  const std::string dir = root + "/" + std::to_string(step);
+  const std::string file = "rank-" + std::to_string(world.rank()) + ".bin";
+  fs::create_directories(dir);
+  fs::remove(dir + "/manifest.json");  // a rewrite of this step is incomplete until the end
+
+  // This rank's file, and its slices' entries for the manifest.
+  std::string bytes(kMagic, kMagicBytes);
+  json entries = json::array();
+  for (const SavedPiece& piece : pieces) {
+    const at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
+    TRIREME_CHECK(data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ",
+                  data.numel(), " elements for box ", describe(piece.box));
+    const size_t n = data.nbytes();
+    const uint64_t offset = bytes.size();
+    bytes.append(static_cast<const char*>(data.data_ptr()), n);
+    entries.push_back({{"name", piece.name},
+                       {"dtype", dtype_name(data.scalar_type())},
+                       {"shape", piece.shape},
+                       {"file", file},
+                       {"offset", offset},
+                       {"bytes", n},
+                       {"crc32", crc32_of(data.data_ptr(), n)},
+                       {"start", piece.box.start},
+                       {"size", piece.box.size}});
+  }
+  write_durably(dir + "/" + file + ".tmp", bytes);
+  fs::rename(dir + "/" + file + ".tmp", dir + "/" + file);
+
+  const std::vector<std::string> all = world.gather_on_leader("checkpoint/" + std::to_string(step), entries.dump());
+  if (world.rank() == 0) {
+    json tensors = json::object();
+    for (const std::string& text : all)
+      for (const json& e : json::parse(text)) {
+        json& t = tensors[e.at("name").get<std::string>()];
+        t["dtype"] = e.at("dtype");
+        t["shape"] = e.at("shape");
+        json slice = e;
+        for (const char* k : {"name", "dtype", "shape"}) slice.erase(k);
+        t["slices"].push_back(slice);
+      }
+    const json manifest = {{"format", kFormat},   {"version", kCheckpointVersion},
+                           {"step", step},        {"mesh", layout.mesh},
+                           {"dp", layout.dp},     {"tp", layout.tp},
+                           {"pp", layout.pp},     {"zero", layout.zero},
+                           {"world_size", world.size()}, {"tensors", tensors}};
+    write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
+    fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
+    sync_directory(dir);
+    // Retention: the newest `keep` complete checkpoints stay.
+    int kept = 0;
+    for (int64_t s : steps_under(root)) {
+      const std::string d = root + "/" + std::to_string(s);
+      if (s > step) continue;
+      if (fs::exists(d + "/manifest.json") && kept < keep) {
+        ++kept;
+        continue;
+      }
+      if (s < step) fs::remove_all(d);
+    }
+  }
+  dist::run_collective("checkpoint barrier", [&] { return world.group()->barrier(); });
+}
+
+Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
+  Checkpoint c;
+  c.dir_ = dir;
+  const std::string manifest_path = dir + "/manifest.json";
+  std::ifstream in(manifest_path);
+  if (!in) TRIREME_THROW(CheckpointCorrupt, manifest_path, ": missing (the checkpoint was not completed)");
+  json m;
+  try {
+    m = json::parse(in);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CheckpointCorrupt, manifest_path, ": not valid JSON (", e.what(), ")");
+  }
+  const std::string& where = manifest_path;
+  if (!m.is_object() || m.value("format", "") != kFormat)
+    TRIREME_THROW(CheckpointCorrupt, where, ": not a Trireme checkpoint (format is not '", kFormat, "')");
+  const json& version = field(m, "version", where);
+  if (!version.is_number_integer() || version.get<int>() != kCheckpointVersion)
+    TRIREME_THROW(CheckpointCorrupt, where, ": format version ", version.dump(), ", this build reads ",
+                  kCheckpointVersion);
+  try {
+    c.step_ = field(m, "step", where).get<int64_t>();
+    c.layout_ = {field(m, "mesh", where).get<std::string>(), field(m, "dp", where).get<int>(),
+                 field(m, "tp", where).get<int>(), field(m, "pp", where).get<int>(),
+                 field(m, "zero", where).get<int>()};
+    std::map<std::string, uint64_t> needed;  // file -> bytes it must have
+    for (const auto& [name, t] : field(m, "tensors", where).items()) {
+      Tensor tensor;
+      const std::string at = where + ": tensor " + name;
+      tensor.dtype = field(t, "dtype", at).get<std::string>();
+      dtype_of(tensor.dtype, at);
+      tensor.shape = ints(field(t, "shape", at), at, "shape");
+      for (const json& s : field(t, "slices", at)) {
+        Slice slice;
+        slice.file = field(s, "file", at).get<std::string>();
+        if (slice.file.find('/') != std::string::npos || slice.file.find("..") != std::string::npos)
+          TRIREME_THROW(CheckpointCorrupt, at, ": slice file '", slice.file, "' is not a plain file name");
+        slice.offset = field(s, "offset", at).get<uint64_t>();
+        slice.bytes = field(s, "bytes", at).get<uint64_t>();
+        slice.crc = field(s, "crc32", at).get<uint32_t>();
+        slice.box = {ints(field(s, "start", at), at, "start"), ints(field(s, "size", at), at, "size")};
+        if (slice.box.start.size() != tensor.shape.size() || slice.box.size.size() != tensor.shape.size())
+          TRIREME_THROW(CheckpointCorrupt, at, ": a slice's box has the wrong number of dimensions");
+        needed[slice.file] = std::max(needed[slice.file], slice.offset + slice.bytes);
+        tensor.slices.push_back(std::move(slice));
+      }
+      c.tensors_[name] = std::move(tensor);
+    }
+    for (const auto& [file, bytes] : needed) {
+      const std::string path = dir + "/" + file;
+      std::ifstream f(path, std::ios::binary);
+      if (!f) TRIREME_THROW(CheckpointCorrupt, path, ": missing");
+      char magic[kMagicBytes];
+      if (!f.read(magic, kMagicBytes) || std::memcmp(magic, kMagic, kMagicBytes) != 0)
+        TRIREME_THROW(CheckpointCorrupt, path, ": not a Trireme checkpoint shard (bad magic line)");
+      const uint64_t size = fs::file_size(path);
+      if (size < bytes)
+        TRIREME_THROW(CheckpointCorrupt, path, ": truncated (", size, " bytes, the manifest needs ", bytes, ")");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    TRIREME_THROW(CheckpointCorrupt, where, ": a field has the wrong type (", e.what(), ")");
+  }
+  if (verify_data)
+    for (const auto& [name, tensor] : c.tensors_)
+      for (const Slice& slice : tensor.slices) c.read_slice(slice);
+  return c;
+}
+
+std::optional<Checkpoint> Checkpoint::find_latest(const std::string& root, std::vector<std::string>* skipped) {
+  for (int64_t s : steps_under(root)) {
+    const std::string dir = root + "/" + std::to_string(s);
+    try {
+      return open(dir, /*verify_data=*/true);
+    } catch (const CheckpointCorrupt& e) {
+      if (skipped) skipped->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<uint8_t> Checkpoint::read_slice(const Slice& slice) const {
+  const std::string path = dir_ + "/" + slice.file;
+  std::ifstream f(path, std::ios::binary);
+  std::vector<uint8_t> bytes(slice.bytes);
+  if (!f || !f.seekg(static_cast<std::streamoff>(slice.offset)) ||
+      !f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(slice.bytes)))
+    TRIREME_THROW(CheckpointCorrupt, path, ": cannot read bytes ", slice.offset, "..", slice.offset + slice.bytes,
+                  " (truncated?)");
+  if (crc32_of(bytes.data(), bytes.size()) != slice.crc)
+    TRIREME_THROW(CheckpointCorrupt, path, ": CRC-32 mismatch in bytes ", slice.offset, "..",
+                  slice.offset + slice.bytes, " (box ", ft::describe(slice.box), "): the file is damaged");
+  return bytes;
+}
+
+std::vector<int64_t> Checkpoint::shape(const std::string& name) const {
+  auto it = tensors_.find(name);
+  TRIREME_CHECK(it != tensors_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
+  return it->second.shape;
+}
+
+at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
+  auto it = tensors_.find(name);
+  TRIREME_CHECK(it != tensors_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
+  const Tensor& tensor = it->second;
+  const at::ScalarType dtype = dtype_of(tensor.dtype, dir_);
+  TRIREME_CHECK(want.start.size() == tensor.shape.size() && intersect(want, whole(tensor.shape)) &&
+                    intersect(want, whole(tensor.shape))->numel() == want.numel(),
+                "box ", ft::describe(want), " is outside tensor '", name, "' of the checkpoint");
+  at::Tensor out = at::empty(want.size, at::TensorOptions(dtype));
+  int64_t covered = 0;
+  for (const Slice& slice : tensor.slices) {
+    const auto common = intersect(slice.box, want);
+    if (!common) continue;
+    std::vector<uint8_t> bytes = read_slice(slice);
+    const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+    if (static_cast<int64_t>(bytes.size()) != slice.box.numel() * element)
+      TRIREME_THROW(CheckpointCorrupt, dir_, "/", slice.file, ": slice of '", name, "' has ", bytes.size(),
+                    " bytes for box ", ft::describe(slice.box));
+    at::Tensor stored = at::from_blob(bytes.data(), slice.box.size, at::TensorOptions(dtype));
+    at::Tensor from = stored, to = out;
+    for (size_t d = 0; d < want.start.size(); ++d) {
+      from = from.narrow(static_cast<int64_t>(d), common->start[d] - slice.box.start[d], common->size[d]);
+      to = to.narrow(static_cast<int64_t>(d), common->start[d] - want.start[d], common->size[d]);
+    }
+    to.copy_(from);
+    covered += common->numel();
+  }
+  if (covered != want.numel())
+    TRIREME_THROW(CheckpointCorrupt, dir_, ": tensor '", name, "' box ", ft::describe(want), " is covered by ",
+                  covered, " of its ", want.numel(), " elements");
+  return out;
+}
+
+std::string Checkpoint::describe() const {
+  std::ostringstream out;
+  int64_t bytes = 0, slices = 0;
+  for (const auto& [name, t] : tensors_)
+    for (const Slice& s : t.slices) {
+      bytes += static_cast<int64_t>(s.bytes);
+      ++slices;
+    }
+  out << "checkpoint " << dir_ << "\n  step " << step_ << ", written by " << layout_.mesh << " (dp " << layout_.dp
+      << ", tp " << layout_.tp << ", pp " << layout_.pp << ", zero " << layout_.zero << ")\n  " << tensors_.size()
+      << " tensors, " << slices << " slices, " << bytes << " bytes\n";
+  for (const auto& [name, t] : tensors_) {
+    std::string shape;
+    for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? "x" : "") + std::to_string(t.shape[d]);
+    int64_t tb = 0;
+    for (const Slice& s : t.slices) tb += static_cast<int64_t>(s.bytes);
+    out << "  " << name << "  " << t.dtype << " [" << shape << "]  " << t.slices.size() << " slice"
+        << (t.slices.size() == 1 ? "" : "s") << ", " << tb << " bytes\n";
+  }
+  return out.str();
+}
+
+}  // namespace trireme::ft

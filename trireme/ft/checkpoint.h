@@ -1,0 +1,102 @@
+// Layout-independent, verified on-disk checkpoints.
+//
+// A checkpoint of step s is one directory, ROOT/<s>/:
+//   rank-<r>.bin     what rank r wrote: a magic line ("TRIREME-CKPT-SHARD 1\n"), then the
+//                    raw bytes of its slices, back to back (written by every rank at once)
+//   manifest.json    written last, by rank 0, through a rename: the checkpoint exists only
+//                    once it does. It holds the format name and version, the step, the
+//                    layout that wrote it (mesh, dp, tp, pp, zero) and, for every tensor by
+//                    its whole-model name, its dtype and whole shape and its slices: which
+//                    file, byte offset and length, CRC-32, and which box (ft/box.h) of the
+//                    whole tensor the bytes are (row-major).
+// Slices are boxes of whole-model tensors, so a reader under any layout asks for the
+// boxes it needs and reads only the slices that intersect them.
+//
+// Opening verifies the manifest (format, version, fields), that every file exists, starts
+// with the magic line and is long enough (a truncated file), and optionally every slice's
+// CRC (a flipped byte); any failure is a CheckpointCorrupt naming the file and the check.
+// find_latest() walks the steps newest first and returns the first that verifies, so a
+// damaged checkpoint falls back to the one before.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trireme/dist/world.h"
+#include "trireme/ft/box.h"
+
+namespace trireme::ft {
+
+// Format of manifest.json; bumped on any incompatible change.
+constexpr int kCheckpointVersion = 1;
+
+// The layout that wrote a checkpoint (informational: any layout can read it).
+struct CheckpointLayout {
+  std::string mesh;
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+};
+
+// A box of a whole-model tensor that this rank writes. `data` has box.size's shape.
+struct SavedPiece {
+  std::string name;
+  std::vector<int64_t> shape;  // of the whole tensor
+  Box box;
+  at::Tensor data;
+};
+
+// Writes step `step` under `root`: every rank its pieces, in parallel, then rank 0 the
+// manifest (by rename) and removes all but the newest `keep` checkpoints. A collective
+// over `world`. Throws CommError/Error on failure; a half-written checkpoint has no
+// manifest and is never read.
+void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                      const std::vector<SavedPiece>& pieces, dist::World& world, int keep);
+
+class Checkpoint {
+ public:
+  // Opens and verifies ROOT/<step> (the manifest and file lengths; with `verify_data`,
+  // every slice's CRC too). Throws CheckpointCorrupt naming the file and the check.
+  static Checkpoint open(const std::string& dir, bool verify_data);
+  // The newest checkpoint under `root` that opens (with full verification); each one
+  // skipped is described in *skipped ("DIR: reason"). nullopt when none.
+  static std::optional<Checkpoint> find_latest(const std::string& root, std::vector<std::string>* skipped);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const CheckpointLayout& layout() const { return layout_; }
+  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+  std::vector<int64_t> shape(const std::string& name) const;
+  // Box `want` of tensor `name`, assembled from the slices that intersect it (each one's
+  // CRC checked as it is read). Throws CheckpointCorrupt when the slices do not cover it,
+  // InvalidArgument for an unknown tensor or a box outside it.
+  at::Tensor read(const std::string& name, const Box& want) const;
+  // What `trireme checkpoint inspect` prints: step, layout, tensors with shapes, slice
+  // counts and bytes.
+  std::string describe() const;
+
+ private:
+  struct Slice {
+    std::string file;
+    uint64_t offset = 0, bytes = 0;
+    uint32_t crc = 0;
+    Box box;
+  };
+  struct Tensor {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::vector<Slice> slices;
+  };
+  std::vector<uint8_t> read_slice(const Slice& slice) const;
+
+  std::string dir_;
+  int64_t step_ = 0;
+  CheckpointLayout layout_;
+  std::map<std::string, Tensor> tensors_;
+};
+
+}  // namespace trireme::ft

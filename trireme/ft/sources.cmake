@@ -1,0 +1,3 @@
+# ft/: checkpoint boxes (pure); the layout-independent on-disk checkpoint.
+target_sources(trireme_core PRIVATE trireme/ft/box.cpp)
+target_sources(trireme PRIVATE trireme/ft/checkpoint.cpp)
