@@ -11,7 +11,7 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
   parser.add("rdzv", &flags->rdzv,
              "HOST:PORT of node 0's rendezvous store, the same on every node "
              "(default: an ephemeral port on 127.0.0.1, single node only)");
-  parser.add("max-restarts", &o.max_restarts, "restarts allowed after a failure (0 for now)");
+  parser.add("max-restarts", &o.max_restarts, "restart all workers after a failure up to N times (one machine); trireme train resumes them from snapshots");
   parser.add("join-timeout", &o.join_timeout_s,
              "seconds to wait for all nodes to join the rendezvous");
 }

@@ -3,12 +3,15 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <mutex>
 
 #include "trireme/common/error.h"
 #include "trireme/ft/checkpoint.h"
+#include "trireme/ft/snapshot.h"
 
 namespace trireme::cli {
 namespace {
@@ -47,9 +50,11 @@ std::vector<at::Tensor> split_local(const at::Tensor& local, const tensor::Shard
   return local.chunk(static_cast<int64_t>(boxes), spec.dim);
 }
 
-}  // namespace
-
-void save_checkpoint(const TrainState& s, int64_t steps_done) {
+// This rank's part of the training state as boxes of whole-model tensors. For a shared
+// checkpoint (`everything` false) the work is split: replicated tensors come from
+// tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
+// (`everything` true) holds all of this rank's own state, so it can restore itself alone.
+std::vector<ft::SavedPiece> state_pieces(const TrainState& s, bool everything) {
   const int tp = s.options.tp, tp_rank = s.groups.coord("tp");
   const int dp = s.options.dp, dp_rank = s.groups.coord("dp");
   const std::map<const void*, Optimizer> optimizer = optimizer_state(s);
@@ -58,8 +63,8 @@ void save_checkpoint(const TrainState& s, int64_t steps_done) {
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, param] = named[i];
     const tensor::ShardSpec spec = spec_of(s, name);
-    if (static_cast<int>(i % static_cast<size_t>(dp)) != dp_rank) continue;  // another replica writes it
-    if (spec.replicated() && tp_rank != 0) continue;  // tensor-parallel rank 0 writes replicated ones
+    if (!everything && static_cast<int>(i % static_cast<size_t>(dp)) != dp_rank) continue;
+    if (!everything && spec.replicated() && tp_rank != 0) continue;
     const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, tp);
     const std::vector<ft::Box> boxes = ft::shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
     const auto add = [&](const std::string& kind, const at::Tensor& local) {
@@ -71,33 +76,21 @@ void save_checkpoint(const TrainState& s, int64_t steps_done) {
     if (state == optimizer.end() || state->second.step == 0) continue;
     add("exp_avg", state->second.exp_avg);
     add("exp_avg_sq", state->second.exp_avg_sq);
-    if (tp_rank == 0)
+    if (everything || tp_rank == 0)
       pieces.push_back({"step/" + name, {1}, ft::whole({1}), at::full({1}, state->second.step, at::kLong)});
   }
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   pieces.push_back({"rng/cpu/rank" + std::to_string(s.world.rank()), {rng.numel()}, ft::whole({rng.numel()}), rng});
-  const ft::CheckpointLayout layout{s.groups.mesh.describe(), dp, tp, s.options.pp, s.options.zero};
-  ft::write_checkpoint(s.options.checkpoint_dir, steps_done, layout, pieces, s.world,
-                       static_cast<int>(s.options.keep_checkpoints));
+  return pieces;
 }
 
-int64_t load_checkpoint(const TrainState& s) {
-  // Rank 0 picks the newest checkpoint that verifies; everyone opens that one.
-  std::string chosen;
-  if (s.world.rank() == 0) {
-    std::vector<std::string> skipped;
-    const auto latest = ft::Checkpoint::find_latest(s.options.checkpoint_dir, &skipped);
-    for (const auto& why : skipped)
-      std::fprintf(stderr, "trireme train: skipping a damaged checkpoint: %s\n", why.c_str());
-    if (latest) chosen = latest->dir();
-  }
-  if (s.world.rank() == 0) s.world.store()->set("resume/chosen", std::vector<uint8_t>(chosen.begin(), chosen.end()));
-  dist::run_collective("resume barrier", [&] { return s.world.group()->barrier(); });
-  const std::vector<uint8_t> bytes = s.world.store()->get("resume/chosen");
-  chosen.assign(bytes.begin(), bytes.end());
-  if (chosen.empty()) return 0;
-  const ft::Checkpoint checkpoint = ft::Checkpoint::open(chosen, /*verify_data=*/false);
+ft::CheckpointLayout layout_of(const TrainState& s) {
+  return {s.groups.mesh.describe(), s.options.dp, s.options.tp, s.options.pp, s.options.zero};
+}
 
+// Restores parameters, optimizer state and (same mesh) the generator from `checkpoint`.
+void load_from(const TrainState& s, const ft::Checkpoint& checkpoint) {
+  const std::string& chosen = checkpoint.dir();
   const int tp = s.options.tp, tp_rank = s.groups.coord("tp");
   std::map<const void*, Optimizer> optimizer;
   at::NoGradGuard no_grad;
@@ -148,7 +141,71 @@ int64_t load_checkpoint(const TrainState& s) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(checkpoint.read(rng, ft::whole(checkpoint.shape(rng))));
   }
+}
+
+// MIN of `value` over the world (a collective).
+int64_t world_min(const TrainState& s, int64_t value) {
+  if (s.world.size() == 1) return value;
+  const at::Device device = s.engine.parameters().front().device();
+  std::vector<at::Tensor> buffer{at::full({1}, value, at::kLong).to(device)};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  dist::run_collective("snapshot agreement", [&] { return s.world.group()->allreduce(buffer, min); });
+  return buffer[0].cpu().item<int64_t>();
+}
+
+}  // namespace
+
+void save_checkpoint(const TrainState& s, int64_t steps_done) {
+  ft::write_checkpoint(s.options.checkpoint_dir, steps_done, layout_of(s), state_pieces(s, false), s.world,
+                       static_cast<int>(s.options.keep_checkpoints));
+}
+
+double take_snapshot(const TrainState& s, ft::Snapshotter& snapshotter, int64_t steps_done) {
+  return snapshotter.take(steps_done, state_pieces(s, true));
+}
+
+int64_t load_checkpoint(const TrainState& s) {
+  // Rank 0 picks the newest checkpoint that verifies; everyone opens that one.
+  std::string chosen;
+  if (s.world.rank() == 0) {
+    std::vector<std::string> skipped;
+    const auto latest = ft::Checkpoint::find_latest(s.options.checkpoint_dir, &skipped);
+    for (const auto& why : skipped)
+      std::fprintf(stderr, "trireme train: skipping a damaged checkpoint: %s\n", why.c_str());
+    if (latest) chosen = latest->dir();
+    s.world.store()->set("resume/chosen", std::vector<uint8_t>(chosen.begin(), chosen.end()));
+  }
+  dist::run_collective("resume barrier", [&] { return s.world.group()->barrier(); });
+  const std::vector<uint8_t> bytes = s.world.store()->get("resume/chosen");
+  chosen.assign(bytes.begin(), bytes.end());
+  if (chosen.empty()) return 0;
+  const ft::Checkpoint checkpoint = ft::Checkpoint::open(chosen, /*verify_data=*/false);
+  load_from(s, checkpoint);
   return checkpoint.step();
+}
+
+int64_t load_snapshot(const TrainState& s, const std::string& dir) {
+  // The newest step every rank has a complete snapshot of (each keeps two).
+  const std::vector<int64_t> mine = ft::Snapshotter::complete_steps(dir);
+  int64_t bound = INT64_MAX;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    int64_t candidate = -1;
+    for (int64_t step : mine)
+      if (step <= bound) {
+        candidate = step;
+        break;
+      }
+    const int64_t agreed = world_min(s, candidate);
+    if (agreed < 0) return 0;
+    const bool have = std::find(mine.begin(), mine.end(), agreed) != mine.end();
+    if (world_min(s, have ? 1 : 0) == 1) {
+      load_from(s, ft::Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false));
+      return agreed;
+    }
+    bound = agreed - 1;
+  }
+  return 0;
 }
 
 }  // namespace trireme::cli

@@ -48,6 +48,8 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("keep-checkpoints", &o->keep_checkpoints, "how many of the newest checkpoints to keep");
   p.add_switch("resume", &o->resume,
                "continue from the newest checkpoint that verifies (any layout), if there is one");
+  p.add("snapshot-every", &o->snapshot_every,
+        "in-memory snapshot every N steps (default: every step when --max-restarts > 0; 0: off)");
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
@@ -121,6 +123,8 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0: no checkpoints), got ",
                 o->checkpoint_every);
   TRIREME_CHECK(o->keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", o->keep_checkpoints);
+  TRIREME_CHECK(o->snapshot_every >= -1, "--snapshot-every must be >= 0 (0: no snapshots), got ",
+                o->snapshot_every);
   if (o->checkpoint_dir.empty()) o->checkpoint_dir = o->out + "/checkpoints";
 }
 

@@ -43,6 +43,7 @@ struct TrainOptions {
   std::string checkpoint_dir;    // empty: OUT/checkpoints
   int64_t keep_checkpoints = 3;  // the newest N are kept
   bool resume = false;           // continue from the newest good checkpoint, if any
+  int64_t snapshot_every = -1;   // in-memory snapshot every N steps; -1: 1 when restarts are allowed
   std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
   bool quiet = false;
 };

@@ -6,9 +6,12 @@
 // whole model.
 #include <torch/optim/adamw.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/train_checkpoint.h"
@@ -75,7 +78,8 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("comm_busy_ms", comm.comm_busy_us() / 1e3)
       .add("buckets", static_cast<int64_t>(comm.buckets.size()))
       .add("buckets_overlapped", comm.buckets_overlapped())
-      .add("grad_norm", grad_norm);
+      .add("grad_norm", grad_norm)
+      .add("snapshot_ms", times.snapshot_us / 1e3);
 }
 
 // DIR/run.json: the layout and each rank's place in it, for `trireme report`.
@@ -98,6 +102,32 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
              .add_raw("ranks", ranks)
              .str() +
          "\n";
+}
+
+// Test seam (STYLE 8): TRIREME_TEST_KILL_IN_SNAPSHOT="RANK:STEP" makes that rank kill
+// itself with SIGKILL in the middle of writing its snapshot of STEP (data written, manifest
+// not), in the first generation only.
+std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart) {
+  const char* spec = std::getenv("TRIREME_TEST_KILL_IN_SNAPSHOT");
+  int victim = -1;
+  long long at = -1;
+  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld", &victim, &at) != 2 || victim != rank) return {};
+  return [at](int64_t step) {
+    if (step == at) std::raise(SIGKILL);
+  };
+}
+
+// Keeps the lines of a metrics.jsonl whose step is at most `last` (a resumed run writes
+// the later steps again).
+void keep_metrics_up_to(const std::string& path, int64_t last) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto at = line.find("\"step\": ");
+    if (at != std::string::npos && std::atoll(line.c_str() + at + 8) <= last) kept += line + "\n";
+  }
+  in.close();
+  obs::write_text_file(path, kept);
 }
 
 int64_t bytes_of(const std::vector<at::Tensor>& tensors, bool grads) {
@@ -210,18 +240,48 @@ int train_worker_main(const std::vector<std::string>& args) {
   MemoryAccount memory;
   memory.parameters = bytes_of(engine->parameters(), false);
   const TrainState train_state{opt, world, groups, *engine, adamw.get(), zero.get()};
+  // Where this rank resumes: after a restart from the node's in-memory snapshots, else
+  // (or when they cannot serve) from the newest checkpoint on disk.
+  const int restart = world.info().restart_count;
+  const char* snapshot_env = std::getenv("TRIREME_SNAPSHOT_DIR");
+  const std::string snapshot_dir =
+      snapshot_env && *snapshot_env ? std::string(snapshot_env) + "/rank-" + std::to_string(rank) : "";
   int64_t first_step = 0;
-  if (opt.resume) {
-    first_step = load_checkpoint(train_state);
-    if (leader && !opt.quiet && first_step > 0)
-      std::fprintf(stderr, "gpt: resumed from %s/%lld\n", opt.checkpoint_dir.c_str(), (long long)first_step);
-    else if (leader && !opt.quiet)
-      std::fprintf(stderr, "gpt: no checkpoint in %s; starting at step 0\n", opt.checkpoint_dir.c_str());
+  std::string resumed_from;
+  const double resume_start = obs::now_us();
+  if (restart > 0 && !snapshot_dir.empty()) {
+    first_step = load_snapshot(train_state, snapshot_dir);
+    if (first_step > 0) resumed_from = "memory snapshots";
   }
+  if (first_step == 0 && (opt.resume || restart > 0)) {
+    first_step = load_checkpoint(train_state);
+    if (first_step > 0) resumed_from = opt.checkpoint_dir;
+  }
+  if (leader && !opt.quiet && first_step > 0)
+    std::fprintf(stderr, "gpt: %sresumed at step %lld from %s in %.0f ms\n",
+                 restart > 0 ? ("restart " + std::to_string(restart) + ": ").c_str() : "", (long long)first_step,
+                 resumed_from.c_str(), (obs::now_us() - resume_start) / 1e3);
+  else if (leader && !opt.quiet && (opt.resume || restart > 0))
+    std::fprintf(stderr, "gpt: nothing to resume from (no snapshot, no checkpoint in %s); starting at step 0\n",
+                 opt.checkpoint_dir.c_str());
+  // Snapshots: every --snapshot-every steps; by default every step when the launcher
+  // allows restarts and gives a snapshot area.
+  const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  const int64_t snapshot_every =
+      opt.snapshot_every >= 0 ? opt.snapshot_every
+                              : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir.empty() ? 1 : 0);
+  TRIREME_CHECK(snapshot_every == 0 || !snapshot_dir.empty(),
+                "--snapshot-every needs the snapshot area of `trireme run`/`trireme train` (TRIREME_SNAPSHOT_DIR)");
+  std::unique_ptr<ft::Snapshotter> snapshotter;
+  if (snapshot_every > 0)
+    snapshotter = std::make_unique<ft::Snapshotter>(
+        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero},
+        kill_in_snapshot_seam(rank, restart));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);
   std::unique_ptr<obs::MetricsWriter> metrics;
+  if (leader && first_step > 0) keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step);
   if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
@@ -296,6 +356,8 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (world.size() > 1)
       dist::run_collective("loss all-reduce", [&] { return world.group()->allreduce(loss_buffer); });
     const double loss = loss_buffer[0].item<double>() / opt.dp;
+    if (snapshotter && (step + 1) % snapshot_every == 0)
+      times.snapshot_us = take_snapshot(train_state, *snapshotter, step + 1);
     times.step_us = obs::now_us() - step_start;
     elapsed_s += times.step_us / 1e6;
 
@@ -309,6 +371,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     }
     if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) save_checkpoint(train_state, step + 1);
   }
+  if (snapshotter) snapshotter->wait();
   if (leader && !opt.quiet) progress.finish();
 
   obs::RankEvents ranks;

@@ -116,15 +116,12 @@ std::vector<int64_t> steps_under(const std::string& root) {
 
 }  // namespace
 
-void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
-                      const std::vector<SavedPiece>& pieces, dist::World& world, int keep) {
-  TRIREME_CHECK(keep >= 1, "checkpoints to keep must be >= 1, got ", keep);
-  const std::string dir = root + "/" + std::to_string(step);
-  const std::string file = "rank-" + std::to_string(world.rank()) + ".bin";
+namespace {
+
+// Writes this rank's file of `dir` and returns its slices' manifest entries (JSON text).
+std::string write_shard(const std::string& dir, const std::string& file, const std::vector<SavedPiece>& pieces) {
   fs::create_directories(dir);
   fs::remove(dir + "/manifest.json");  // a rewrite of this step is incomplete until the end
-
-  // This rank's file, and its slices' entries for the manifest.
   std::string bytes(kMagic, kMagicBytes);
   json entries = json::array();
   for (const SavedPiece& piece : pieces) {
@@ -146,40 +143,63 @@ void write_checkpoint(const std::string& root, int64_t step, const CheckpointLay
   }
   write_durably(dir + "/" + file + ".tmp", bytes);
   fs::rename(dir + "/" + file + ".tmp", dir + "/" + file);
+  return entries.dump();
+}
 
-  const std::vector<std::string> all = world.gather_on_leader("checkpoint/" + std::to_string(step), entries.dump());
-  if (world.rank() == 0) {
-    json tensors = json::object();
-    for (const std::string& text : all)
-      for (const json& e : json::parse(text)) {
-        json& t = tensors[e.at("name").get<std::string>()];
-        t["dtype"] = e.at("dtype");
-        t["shape"] = e.at("shape");
-        json slice = e;
-        for (const char* k : {"name", "dtype", "shape"}) slice.erase(k);
-        t["slices"].push_back(slice);
-      }
-    const json manifest = {{"format", kFormat},   {"version", kCheckpointVersion},
-                           {"step", step},        {"mesh", layout.mesh},
-                           {"dp", layout.dp},     {"tp", layout.tp},
-                           {"pp", layout.pp},     {"zero", layout.zero},
-                           {"world_size", world.size()}, {"tensors", tensors}};
-    write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
-    fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
-    sync_directory(dir);
-    // Retention: the newest `keep` complete checkpoints stay.
-    int kept = 0;
-    for (int64_t s : steps_under(root)) {
-      const std::string d = root + "/" + std::to_string(s);
-      if (s > step) continue;
-      if (fs::exists(d + "/manifest.json") && kept < keep) {
-        ++kept;
-        continue;
-      }
-      if (s < step) fs::remove_all(d);
+// Writes the manifest of `step` from the writers' entries (the commit), then removes all
+// but the newest `keep` complete checkpoints under root.
+void commit(const std::string& root, int64_t step, const CheckpointLayout& layout, int world_size,
+            const std::vector<std::string>& entry_texts, int keep) {
+  const std::string dir = root + "/" + std::to_string(step);
+  json tensors = json::object();
+  for (const std::string& text : entry_texts)
+    for (const json& e : json::parse(text)) {
+      json& t = tensors[e.at("name").get<std::string>()];
+      t["dtype"] = e.at("dtype");
+      t["shape"] = e.at("shape");
+      json slice = e;
+      for (const char* k : {"name", "dtype", "shape"}) slice.erase(k);
+      t["slices"].push_back(slice);
     }
+  const json manifest = {{"format", kFormat},   {"version", kCheckpointVersion},
+                         {"step", step},        {"mesh", layout.mesh},
+                         {"dp", layout.dp},     {"tp", layout.tp},
+                         {"pp", layout.pp},     {"zero", layout.zero},
+                         {"world_size", world_size}, {"tensors", tensors}};
+  write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
+  fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
+  sync_directory(dir);
+  int kept = 0;
+  for (int64_t s : steps_under(root)) {
+    const std::string d = root + "/" + std::to_string(s);
+    if (s > step) continue;
+    if (fs::exists(d + "/manifest.json") && kept < keep) {
+      ++kept;
+      continue;
+    }
+    if (s < step) fs::remove_all(d);
   }
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                      const std::vector<SavedPiece>& pieces, dist::World& world, int keep) {
+  TRIREME_CHECK(keep >= 1, "checkpoints to keep must be >= 1, got ", keep);
+  const std::string entries = write_shard(root + "/" + std::to_string(step),
+                                          "rank-" + std::to_string(world.rank()) + ".bin", pieces);
+  const std::vector<std::string> all = world.gather_on_leader("checkpoint/" + std::to_string(step), entries);
+  if (world.rank() == 0) commit(root, step, layout, world.size(), all, keep);
   dist::run_collective("checkpoint barrier", [&] { return world.group()->barrier(); });
+}
+
+void write_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                            const std::vector<SavedPiece>& pieces, int keep,
+                            const std::function<void()>& before_commit) {
+  TRIREME_CHECK(keep >= 1, "snapshots to keep must be >= 1, got ", keep);
+  const std::string entries = write_shard(root + "/" + std::to_string(step), "data.bin", pieces);
+  if (before_commit) before_commit();
+  commit(root, step, layout, 1, {entries}, keep);
 }
 
 Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {

@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +57,13 @@ struct SavedPiece {
 // manifest and is never read.
 void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                       const std::vector<SavedPiece>& pieces, dist::World& world, int keep);
+
+// One rank's own checkpoint (its file and its manifest), written without talking to the
+// other ranks: what in-memory snapshots use (ft/snapshot.h). `before_commit` runs between
+// the data and the manifest (a fault-injection seam for tests).
+void write_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                            const std::vector<SavedPiece>& pieces, int keep,
+                            const std::function<void()>& before_commit = {});
 
 class Checkpoint {
  public:

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
@@ -118,7 +119,9 @@ class Agent {
   std::string worker_name(const Worker& w) const;
 
   std::optional<LaunchResult> join();
-  std::optional<Event> spawn_workers();
+  std::optional<Event> spawn_workers(int restart);
+  void make_snapshot_dir();
+  void remove_snapshot_dir();
   Event supervise();
   LaunchResult finish(const Event& event);
   LaunchResult finish_success();
@@ -145,6 +148,7 @@ class Agent {
   SignalPipe signals_;
   std::vector<Worker> workers_;
   std::string run_id_ = "none";
+  std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
   int signal_count_ = 0;     // all SIGINT/SIGTERM received
   std::string first_failure_;  // the first worker that failed on its own
@@ -177,8 +181,48 @@ std::string Agent::worker_name(const Worker& w) const {
 
 LaunchResult Agent::run() {
   if (auto refused = join()) return *refused;
-  if (auto failed = spawn_workers()) return finish(*failed);
-  return finish(supervise());
+  make_snapshot_dir();
+  for (int restart = 0;; ++restart) {
+    const std::optional<Event> failed = spawn_workers(restart);
+    Event event = failed ? *failed : supervise();
+    if (event.ending == Ending::kWorkerFailed && !failed && restart < options_.max_restarts) {
+      // A new generation: every worker is stopped and started again; they resume from
+      // their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a restart).
+      stop_workers();
+      write_all(io_.stderr_fd, "trireme run: " + event.what + "; restarting the workers (restart " +
+                                   std::to_string(restart + 1) + " of " +
+                                   std::to_string(options_.max_restarts) + ")\n");
+      for (auto& w : workers_) {
+        close_stream(w, 0);
+        close_stream(w, 1);
+      }
+      workers_.clear();
+      first_failure_.clear();
+      stopping_ = false;
+      continue;
+    }
+    if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
+      event.what += "; gave up after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s") +
+                    " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
+    LaunchResult result = finish(event);
+    remove_snapshot_dir();
+    return result;
+  }
+}
+
+// The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
+// that it outlives the workers, removed when the job ends.
+void Agent::make_snapshot_dir() {
+  const std::string base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
+  snapshot_dir_ = base + "/trireme-" + run_id_ + "-node" + std::to_string(options_.node_rank);
+  std::error_code ec;
+  std::filesystem::create_directories(snapshot_dir_, ec);
+  if (ec) snapshot_dir_.clear();  // no snapshots: workers fall back to disk checkpoints
+}
+
+void Agent::remove_snapshot_dir() {
+  std::error_code ec;
+  if (!snapshot_dir_.empty()) std::filesystem::remove_all(snapshot_dir_, ec);
 }
 
 // ---- step 1: join ------------------------------------------------------------------------
@@ -220,11 +264,11 @@ std::optional<LaunchResult> Agent::join() {
 
 // ---- step 2: spawn -----------------------------------------------------------------------
 
-std::optional<Event> Agent::spawn_workers() {
+std::optional<Event> Agent::spawn_workers(int restart) {
   const char* path = std::getenv("PATH");
   const std::string program = options_.command.front();
   const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
-  const JobInfo job{store_.host, store_.port, run_id_, 0, ::isatty(io_.stderr_fd) == 1};
+  const JobInfo job{store_.host, store_.port, run_id_, restart, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
   const std::vector<std::string> base = current_environment();
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     Worker w;

@@ -23,7 +23,7 @@ struct LaunchOptions {
   int node_rank = 0;                      // this agent's index; 0 hosts the store
   std::string rdzv_host = "127.0.0.1";    // where node 0's store listens (MASTER_ADDR)
   int rdzv_port = 0;                      // 0: an ephemeral port (single node only)
-  int max_restarts = 0;                   // accepted and stored; restarts are not yet done
+  int max_restarts = 0;                   // worker failures survived by restarting all workers
   int join_timeout_s = 120;               // how long agents wait for each other to join
   double stop_grace_s = 5;                // SIGTERM → SIGKILL delay when stopping workers
   // How long node 0 keeps the store up after its own workers finished, waiting for the

@@ -35,6 +35,7 @@ EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const J
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
   };
   if (job.tty) vars.emplace_back("TRIREME_TTY", "1");
+  if (!job.snapshot_dir.empty()) vars.emplace_back("TRIREME_SNAPSHOT_DIR", job.snapshot_dir);
   return vars;
 }
 

@@ -1,0 +1,96 @@
+// Snapshotter: copy on the training thread, write on its own; see snapshot.h.
+#include "trireme/ft/snapshot.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
+
+namespace trireme::ft {
+
+// Two snapshots are kept: the newest may be the one a crash interrupted.
+constexpr int kSnapshotsKept = 2;
+
+Snapshotter::Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit)
+    : dir_(std::move(dir)), layout_(std::move(layout)), before_commit_(std::move(before_commit)) {
+  std::filesystem::create_directories(dir_);
+  thread_ = std::thread([this] { run(); });
+}
+
+Snapshotter::~Snapshotter() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
+  const double start = obs::now_us();
+  wait();
+  std::vector<SavedPiece> copies;
+  copies.reserve(pieces.size());
+  for (const SavedPiece& p : pieces) copies.push_back({p.name, p.shape, p.box, p.data.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)});
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.emplace(step, std::move(copies));
+    busy_ = true;
+  }
+  wake_.notify_all();
+  return obs::now_us() - start;
+}
+
+void Snapshotter::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [this] { return !busy_; });
+  if (!failure_.empty()) TRIREME_THROW(Error, failure_);
+}
+
+void Snapshotter::run() {
+  for (;;) {
+    std::pair<int64_t, std::vector<SavedPiece>> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stop_ || pending_.has_value(); });
+      if (!pending_) return;
+      job = std::move(*pending_);
+      pending_.reset();
+    }
+    std::string failure;
+    try {
+      const int64_t step = job.first;
+      write_local_checkpoint(dir_, step, layout_, job.second, kSnapshotsKept,
+                             [&] { if (before_commit_) before_commit_(step); });
+    } catch (const std::exception& e) {
+      failure = std::string("snapshot of step ") + std::to_string(job.first) + " failed: " + e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure_.empty()) failure_ = failure;
+      busy_ = false;
+    }
+    wake_.notify_all();
+  }
+}
+
+std::vector<int64_t> Snapshotter::complete_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    try {
+      Checkpoint::open(entry.path().string(), /*verify_data=*/true);
+      steps.push_back(std::stoll(name));
+    } catch (const CheckpointCorrupt&) {
+      // interrupted or damaged: not a candidate
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+}  // namespace trireme::ft
