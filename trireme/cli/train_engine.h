@@ -35,7 +35,7 @@ class GptImpl;
 namespace trireme::cli {
 
 struct StepTimes {
-  double forward_us = 0, backward_us = 0, optimizer_us = 0, snapshot_us = 0, step_us = 0;
+  double forward_us = 0, backward_us = 0, optimizer_us = 0, snapshot_us = 0, checkpoint_us = 0, step_us = 0;
 };
 
 // Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.

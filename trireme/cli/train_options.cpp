@@ -50,6 +50,8 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
                "continue from the newest checkpoint that verifies (any layout), if there is one");
   p.add("snapshot-every", &o->snapshot_every,
         "in-memory snapshot every N steps (default: every step when --max-restarts > 0; 0: off)");
+  p.add("snapshot-overhead", &o->snapshot_overhead,
+        "target stall of snapshots as a fraction of step time; above it the interval doubles (0: fixed)");
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
@@ -125,6 +127,8 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", o->keep_checkpoints);
   TRIREME_CHECK(o->snapshot_every >= -1, "--snapshot-every must be >= 0 (0: no snapshots), got ",
                 o->snapshot_every);
+  TRIREME_CHECK(o->snapshot_overhead >= 0 && o->snapshot_overhead < 1,
+                "--snapshot-overhead must be in [0, 1) (a fraction of step time; 0 keeps the interval fixed)");
   if (o->checkpoint_dir.empty()) o->checkpoint_dir = o->out + "/checkpoints";
 }
 

@@ -44,6 +44,7 @@ struct TrainOptions {
   int64_t keep_checkpoints = 3;  // the newest N are kept
   bool resume = false;           // continue from the newest good checkpoint, if any
   int64_t snapshot_every = -1;   // in-memory snapshot every N steps; -1: 1 when restarts are allowed
+  double snapshot_overhead = 0.03;  // double the interval while snapshots stall more than this
   std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
   bool quiet = false;
 };

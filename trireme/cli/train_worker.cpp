@@ -79,7 +79,8 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("buckets", static_cast<int64_t>(comm.buckets.size()))
       .add("buckets_overlapped", comm.buckets_overlapped())
       .add("grad_norm", grad_norm)
-      .add("snapshot_ms", times.snapshot_us / 1e3);
+      .add("snapshot_ms", times.snapshot_us / 1e3)
+      .add("checkpoint_ms", times.checkpoint_us / 1e3);
 }
 
 // DIR/run.json: the layout and each rank's place in it, for `trireme report`.
@@ -103,6 +104,9 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
              .str() +
          "\n";
 }
+
+// The snapshot interval's ceiling when the stall policy keeps doubling it.
+constexpr int64_t kMaxSnapshotInterval = 1024;
 
 // Test seam (STYLE 8): TRIREME_TEST_KILL_IN_SNAPSHOT="RANK:STEP" makes that rank kill
 // itself with SIGKILL in the middle of writing its snapshot of STEP (data written, manifest
@@ -267,7 +271,8 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Snapshots: every --snapshot-every steps; by default every step when the launcher
   // allows restarts and gives a snapshot area.
   const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
-  const int64_t snapshot_every =
+  double last_stall = 0;  // the last snapshot's stall / its step's time, until reduced
+  int64_t snapshot_every =
       opt.snapshot_every >= 0 ? opt.snapshot_every
                               : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir.empty() ? 1 : 0);
   TRIREME_CHECK(snapshot_every == 0 || !snapshot_dir.empty(),
@@ -352,13 +357,34 @@ int train_worker_main(const std::vector<std::string>& args) {
 
     // The step's loss over the global batch: the mean of the data-parallel replicas' means
     // (each replica's held by its last pipeline stage; the other ranks add 0).
-    std::vector<at::Tensor> loss_buffer{at::full({1}, local_loss, at::TensorOptions(at::kDouble).device(device))};
+    // The same all-reduce carries the stall of the last snapshot (as a fraction of its
+    // step), so that every rank takes the same decision on the snapshot frequency.
+    std::vector<at::Tensor> loss_buffer{
+        at::tensor({local_loss, last_stall}, at::TensorOptions(at::kDouble)).to(device)};
     if (world.size() > 1)
       dist::run_collective("loss all-reduce", [&] { return world.group()->allreduce(loss_buffer); });
-    const double loss = loss_buffer[0].item<double>() / opt.dp;
+    const at::Tensor reduced = loss_buffer[0].cpu();
+    const double loss = reduced[0].item<double>() / opt.dp;
+    const double mean_stall = reduced[1].item<double>() / world.size();
+    last_stall = 0;
+    if (snapshotter && opt.snapshot_overhead > 0 && mean_stall > opt.snapshot_overhead &&
+        snapshot_every < kMaxSnapshotInterval) {
+      // CheckFreq's policy: snapshot less often while the stall exceeds the target.
+      snapshot_every *= 2;
+      if (leader && !opt.quiet)
+        std::fprintf(stderr, "gpt: snapshots cost %.1f%% of step time (target %.1f%%): now every %lld steps\n",
+                     100 * mean_stall, 100 * opt.snapshot_overhead, (long long)snapshot_every);
+    }
     if (snapshotter && (step + 1) % snapshot_every == 0)
       times.snapshot_us = take_snapshot(train_state, *snapshotter, step + 1);
+    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) {
+      const double c0 = obs::now_us();
+      save_checkpoint(train_state, step + 1);
+      times.checkpoint_us = obs::now_us() - c0;
+    }
     times.step_us = obs::now_us() - step_start;
+    // Overhead: the stall spread over the steps of one snapshot interval.
+    if (times.snapshot_us > 0) last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {
@@ -369,7 +395,7 @@ int train_worker_main(const std::vector<std::string>& args) {
       if (!opt.quiet)
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }
-    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) save_checkpoint(train_state, step + 1);
+
   }
   if (snapshotter) snapshotter->wait();
   if (leader && !opt.quiet) progress.finish();

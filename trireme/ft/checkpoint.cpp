@@ -55,24 +55,30 @@ at::ScalarType dtype_of(const std::string& name, const std::string& where) {
   TRIREME_THROW(CheckpointCorrupt, where, ": unknown dtype '", name, "'");
 }
 
-// Writes `bytes` to `path` and makes it durable (fsync of the file).
-void write_durably(const std::string& path, const std::string& bytes) {
+// Writes the buffers, in order, to `path` and makes it durable (fsync of the file).
+void write_durably(const std::string& path, const std::vector<std::pair<const char*, size_t>>& buffers) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   TRIREME_CHECK(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      TRIREME_THROW(Error, "writing ", path, " failed: ", why);
+  for (const auto& [data, size] : buffers) {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::write(fd, data + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        TRIREME_THROW(Error, "writing ", path, " failed: ", why);
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
   TRIREME_CHECK(synced, "fsync of ", path, " failed: ", std::strerror(errno));
+}
+
+void write_durably(const std::string& path, const std::string& text) {
+  write_durably(path, {{text.data(), text.size()}});
 }
 
 void sync_directory(const std::string& dir) {
@@ -122,15 +128,17 @@ namespace {
 std::string write_shard(const std::string& dir, const std::string& file, const std::vector<SavedPiece>& pieces) {
   fs::create_directories(dir);
   fs::remove(dir + "/manifest.json");  // a rewrite of this step is incomplete until the end
-  std::string bytes(kMagic, kMagicBytes);
+  std::vector<at::Tensor> held;  // keeps the buffers alive until written
+  std::vector<std::pair<const char*, size_t>> buffers{{kMagic, kMagicBytes}};
+  uint64_t offset = kMagicBytes;
   json entries = json::array();
   for (const SavedPiece& piece : pieces) {
     const at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
     TRIREME_CHECK(data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ",
                   data.numel(), " elements for box ", describe(piece.box));
     const size_t n = data.nbytes();
-    const uint64_t offset = bytes.size();
-    bytes.append(static_cast<const char*>(data.data_ptr()), n);
+    held.push_back(data);
+    buffers.emplace_back(static_cast<const char*>(data.data_ptr()), n);
     entries.push_back({{"name", piece.name},
                        {"dtype", dtype_name(data.scalar_type())},
                        {"shape", piece.shape},
@@ -140,8 +148,9 @@ std::string write_shard(const std::string& dir, const std::string& file, const s
                        {"crc32", crc32_of(data.data_ptr(), n)},
                        {"start", piece.box.start},
                        {"size", piece.box.size}});
+    offset += n;
   }
-  write_durably(dir + "/" + file + ".tmp", bytes);
+  write_durably(dir + "/" + file + ".tmp", buffers);
   fs::rename(dir + "/" + file + ".tmp", dir + "/" + file);
   return entries.dump();
 }

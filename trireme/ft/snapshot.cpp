@@ -30,9 +30,21 @@ Snapshotter::~Snapshotter() {
 double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   const double start = obs::now_us();
   wait();
+  // Into the host buffers of the previous snapshot when the tensors are the same (its
+  // write is done): no fresh allocation, so no page faults on the training thread.
+  bool reuse = staging_.size() == pieces.size();
+  for (size_t i = 0; reuse && i < pieces.size(); ++i)
+    reuse = staging_[i].sizes() == pieces[i].data.sizes() && staging_[i].dtype() == pieces[i].data.dtype();
+  if (!reuse) {
+    staging_.clear();
+    for (const SavedPiece& p : pieces) staging_.push_back(at::empty(p.data.sizes(), p.data.options().device(at::kCPU)));
+  }
   std::vector<SavedPiece> copies;
   copies.reserve(pieces.size());
-  for (const SavedPiece& p : pieces) copies.push_back({p.name, p.shape, p.box, p.data.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)});
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    staging_[i].copy_(pieces[i].data.detach());
+    copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.emplace(step, std::move(copies));

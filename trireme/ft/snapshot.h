@@ -9,7 +9,7 @@
 // line, format version, step, layout and a CRC-32 per tensor.
 //
 // take() copies the tensors synchronously (a parameter must not change before it has been
-// copied: the next optimizer step would) into fresh host buffers, then hands them to a
+// copied: the next optimizer step would) into host buffers kept from the last snapshot, then hands them to a
 // writer thread, so the training step waits only for the copy. A take() first waits for
 // the previous write (at most one in flight). Write failures are reported by the next
 // take() or by wait().
@@ -59,6 +59,7 @@ class Snapshotter {
   std::optional<std::pair<int64_t, std::vector<SavedPiece>>> pending_;
   bool busy_ = false, stop_ = false;
   std::string failure_;
+  std::vector<at::Tensor> staging_;  // host copies, reused from snapshot to snapshot
   std::thread thread_;
 };
 
