@@ -111,8 +111,7 @@ class Checkpoints(unittest.TestCase):
                     "--resume", "--sample-tokens", "0"] + [a for a in MODEL if a != "--quiet"],
                    timeout=300)  # not --quiet: it says where it resumed
         self.assertIn("skipping a damaged checkpoint", proc.stderr)
-        self.assertIn("resumed from", proc.stderr)
-        self.assertIn("/2\n", proc.stderr)
+        self.assertIn("resumed at step 2 from", proc.stderr)
 
     def test_flipped_byte_falls_back(self):
         out, root = self.damaged_run()

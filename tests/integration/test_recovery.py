@@ -110,7 +110,8 @@ class Recovery(unittest.TestCase):
                    kill_at=random.randint(3, STEPS // 2))
 
     def test_kill_during_snapshot(self):
-        stderr = self.check(2, ["--dp", "2"], victim=1,
+        # Every step snapshotted (the stall policy off), so that step 7 has one.
+        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=1,
                             env={"TRIREME_TEST_KILL_IN_SNAPSHOT": "1:7"})
         # Snapshot 7 was interrupted (no manifest): the previous one, 6, is used.
         self.assertIn("resumed at step 6 from memory snapshots", stderr)
