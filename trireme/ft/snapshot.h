@@ -44,8 +44,8 @@ class Snapshotter {
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
-  // The steps of this rank's complete snapshots under `dir`, newest first (each one
-  // opened and fully verified; damaged ones are left out).
+  // The steps of this rank's complete snapshots under `dir`, newest first (each one's
+  // manifest, magic line and lengths verified; slices' CRCs are checked when read).
   static std::vector<int64_t> complete_steps(const std::string& dir);
 
  private:
