@@ -8,7 +8,6 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/schedule.cpp
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
-  trireme/cli/train_checkpoint.cpp
   trireme/cli/train_data_parallel.cpp
   trireme/cli/train_engine.cpp
   trireme/cli/train_gpt.cpp

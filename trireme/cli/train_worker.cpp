@@ -14,7 +14,6 @@
 #include <functional>
 
 #include "trireme/cli/commands.h"
-#include "trireme/cli/train_checkpoint.h"
 #include "trireme/cli/train_engine.h"
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
@@ -22,6 +21,7 @@
 #include "trireme/data/corpus.h"
 #include "trireme/data/sampler.h"
 #include "trireme/dist/world.h"
+#include "trireme/ft/resume.h"
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/memory.h"
@@ -243,22 +243,30 @@ int train_worker_main(const std::vector<std::string>& args) {
            : engine->gradient_norm_sharing();
   MemoryAccount memory;
   memory.parameters = bytes_of(engine->parameters(), false);
-  const TrainState train_state{opt, world, groups, *engine, adamw.get(), zero.get()};
+  ft::TrainingState train_state;  // what checkpoints and snapshots hold
+  train_state.world = &world;
+  train_state.parameters = engine->named_parameters();
+  train_state.specs = engine->shard_specs();
+  train_state.tp = opt.tp;
+  train_state.tp_rank = groups.coord("tp");
+  train_state.dp = opt.dp;
+  train_state.dp_rank = groups.coord("dp");
+  train_state.adamw = adamw.get();
+  train_state.zero = zero.get();
+  train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero};
   // Where this rank resumes: after a restart from the node's in-memory snapshots, else
   // (or when they cannot serve) from the newest checkpoint on disk.
   const int restart = world.info().restart_count;
-  const char* snapshot_env = std::getenv("TRIREME_SNAPSHOT_DIR");
-  const std::string snapshot_dir =
-      snapshot_env && *snapshot_env ? std::string(snapshot_env) + "/rank-" + std::to_string(rank) : "";
+  const std::string snapshot_dir = ft::snapshot_dir_from_env(rank);
   int64_t first_step = 0;
   std::string resumed_from;
   const double resume_start = obs::now_us();
   if (restart > 0 && !snapshot_dir.empty()) {
-    first_step = load_snapshot(train_state, snapshot_dir);
+    first_step = ft::load_snapshot(train_state, snapshot_dir);
     if (first_step > 0) resumed_from = "memory snapshots";
   }
   if (first_step == 0 && (opt.resume || restart > 0)) {
-    first_step = load_checkpoint(train_state);
+    first_step = ft::load_checkpoint(train_state, opt.checkpoint_dir);
     if (first_step > 0) resumed_from = opt.checkpoint_dir;
   }
   if (leader && !opt.quiet && first_step > 0)
@@ -280,7 +288,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::unique_ptr<ft::Snapshotter> snapshotter;
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
-        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero},
+        snapshot_dir, train_state.layout,
         kill_in_snapshot_seam(rank, restart));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
@@ -376,10 +384,10 @@ int train_worker_main(const std::vector<std::string>& args) {
                      100 * mean_stall, 100 * opt.snapshot_overhead, (long long)snapshot_every);
     }
     if (snapshotter && (step + 1) % snapshot_every == 0)
-      times.snapshot_us = take_snapshot(train_state, *snapshotter, step + 1);
+      times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
     if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) {
       const double c0 = obs::now_us();
-      save_checkpoint(train_state, step + 1);
+      ft::save_checkpoint(train_state, opt.checkpoint_dir, step + 1, static_cast<int>(opt.keep_checkpoints));
       times.checkpoint_us = obs::now_us() - c0;
     }
     times.step_us = obs::now_us() - step_start;

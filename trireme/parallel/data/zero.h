@@ -47,6 +47,7 @@ class ZeroOptimizer {
   ZeroOptimizer(DataParallel& dp, int stage, const torch::optim::AdamWOptions& options);
 
   int stage() const { return stage_; }
+  DataParallel& data_parallel() const { return dp_; }
   // This rank's pieces; after attach_gradients() each carries its averaged gradient (or
   // none, when no rank had one for its parameter).
   const std::vector<at::Tensor>& parameters() const { return pieces_; }

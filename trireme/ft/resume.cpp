@@ -1,19 +1,18 @@
-// Saving and loading training checkpoints; see train_checkpoint.h.
-#include "trireme/cli/train_checkpoint.h"
+// Saving and restoring a rank's training state; see resume.h.
+#include "trireme/ft/resume.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
 #include "trireme/common/error.h"
-#include "trireme/ft/checkpoint.h"
-#include "trireme/ft/snapshot.h"
 
-namespace trireme::cli {
+namespace trireme::ft {
 namespace {
 
 struct Optimizer {
@@ -23,11 +22,11 @@ struct Optimizer {
 
 // AdamW's state of each local parameter, by TensorImpl. Under ZeRO a collective over the
 // data-parallel group.
-std::map<const void*, Optimizer> optimizer_state(const TrainState& s) {
+std::map<const void*, Optimizer> optimizer_state(const TrainingState& s) {
   std::map<const void*, Optimizer> out;
   if (s.zero) {
     const auto states = s.zero->gather_state();
-    const auto& params = s.engine.data_parallel().parameters();
+    const auto& params = s.zero->data_parallel().parameters();
     for (size_t p = 0; p < params.size(); ++p)
       out[params[p].unsafeGetTensorImpl()] = {states[p].step, states[p].exp_avg, states[p].exp_avg_sq};
     return out;
@@ -39,9 +38,9 @@ std::map<const void*, Optimizer> optimizer_state(const TrainState& s) {
   return out;
 }
 
-tensor::ShardSpec spec_of(const TrainState& s, const std::string& name) {
-  auto it = s.engine.shard_specs().find(name);
-  return it == s.engine.shard_specs().end() ? tensor::ShardSpec{} : it->second;
+tensor::ShardSpec spec_of(const TrainingState& s, const std::string& name) {
+  auto it = s.specs.find(name);
+  return it == s.specs.end() ? tensor::ShardSpec{} : it->second;
 }
 
 // The local tensor's pieces, one per box of its shard (in the order they are concatenated).
@@ -54,19 +53,19 @@ std::vector<at::Tensor> split_local(const at::Tensor& local, const tensor::Shard
 // checkpoint (`everything` false) the work is split: replicated tensors come from
 // tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
 // (`everything` true) holds all of this rank's own state, so it can restore itself alone.
-std::vector<ft::SavedPiece> state_pieces(const TrainState& s, bool everything) {
-  const int tp = s.options.tp, tp_rank = s.groups.coord("tp");
-  const int dp = s.options.dp, dp_rank = s.groups.coord("dp");
+std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
+  const int tp = s.tp, tp_rank = s.tp_rank;
+  const int dp = s.dp, dp_rank = s.dp_rank;
   const std::map<const void*, Optimizer> optimizer = optimizer_state(s);
-  std::vector<ft::SavedPiece> pieces;
-  const auto named = s.engine.named_parameters();
+  std::vector<SavedPiece> pieces;
+  const auto named = s.parameters;
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, param] = named[i];
     const tensor::ShardSpec spec = spec_of(s, name);
     if (!everything && static_cast<int>(i % static_cast<size_t>(dp)) != dp_rank) continue;
     if (!everything && spec.replicated() && tp_rank != 0) continue;
     const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, tp);
-    const std::vector<ft::Box> boxes = ft::shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
+    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
     const auto add = [&](const std::string& kind, const at::Tensor& local) {
       const auto parts = split_local(local.detach(), spec, boxes.size());
       for (size_t k = 0; k < boxes.size(); ++k) pieces.push_back({kind + "/" + name, shape, boxes[k], parts[k]});
@@ -77,45 +76,41 @@ std::vector<ft::SavedPiece> state_pieces(const TrainState& s, bool everything) {
     add("exp_avg", state->second.exp_avg);
     add("exp_avg_sq", state->second.exp_avg_sq);
     if (everything || tp_rank == 0)
-      pieces.push_back({"step/" + name, {1}, ft::whole({1}), at::full({1}, state->second.step, at::kLong)});
+      pieces.push_back({"step/" + name, {1}, whole({1}), at::full({1}, state->second.step, at::kLong)});
   }
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  pieces.push_back({"rng/cpu/rank" + std::to_string(s.world.rank()), {rng.numel()}, ft::whole({rng.numel()}), rng});
+  pieces.push_back({"rng/cpu/rank" + std::to_string(s.world->rank()), {rng.numel()}, whole({rng.numel()}), rng});
   return pieces;
 }
 
-ft::CheckpointLayout layout_of(const TrainState& s) {
-  return {s.groups.mesh.describe(), s.options.dp, s.options.tp, s.options.pp, s.options.zero};
-}
-
 // Restores parameters, optimizer state and (same mesh) the generator from `checkpoint`.
-void load_from(const TrainState& s, const ft::Checkpoint& checkpoint) {
+void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
   const std::string& chosen = checkpoint.dir();
-  const int tp = s.options.tp, tp_rank = s.groups.coord("tp");
+  const int tp = s.tp, tp_rank = s.tp_rank;
   std::map<const void*, Optimizer> optimizer;
   at::NoGradGuard no_grad;
-  for (const auto& [name, param] : s.engine.named_parameters()) {
+  for (const auto& [name, param] : s.parameters) {
     const tensor::ShardSpec spec = spec_of(s, name);
     const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, tp);
     TRIREME_CHECK(checkpoint.has("param/" + name), "checkpoint ", chosen, " has no parameter '", name,
                   "': it is of another model; train it with its own --layers/--dim/--heads/--seq or start afresh");
     TRIREME_CHECK(checkpoint.shape("param/" + name) == shape, "checkpoint ", chosen, ": parameter '", name,
                   "' has another shape than this model's; use the flags of the run that wrote it");
-    const std::vector<ft::Box> boxes = ft::shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
+    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
     const auto local = [&](const std::string& kind) {
       std::vector<at::Tensor> parts;
-      for (const ft::Box& box : boxes) parts.push_back(checkpoint.read(kind + "/" + name, box));
+      for (const Box& box : boxes) parts.push_back(checkpoint.read(kind + "/" + name, box));
       return parts.size() == 1 ? parts[0] : at::cat(parts, spec.dim);
     };
     param.detach().copy_(local("param"));
     if (checkpoint.has("exp_avg/" + name)) {
-      const int64_t step = checkpoint.read("step/" + name, ft::whole({1})).item<int64_t>();
+      const int64_t step = checkpoint.read("step/" + name, whole({1})).item<int64_t>();
       optimizer[param.unsafeGetTensorImpl()] = {step, local("exp_avg").to(param.device()),
                                                 local("exp_avg_sq").to(param.device())};
     }
   }
   if (s.zero) {
-    const auto& params = s.engine.data_parallel().parameters();
+    const auto& params = s.zero->data_parallel().parameters();
     std::vector<parallel::ZeroOptimizer::ParamState> states(params.size());
     for (size_t p = 0; p < params.size(); ++p) {
       auto it = optimizer.find(params[p].unsafeGetTensorImpl());
@@ -123,7 +118,7 @@ void load_from(const TrainState& s, const ft::Checkpoint& checkpoint) {
     }
     s.zero->load_state(states);
   } else {
-    for (const at::Tensor& param : s.engine.parameters()) {
+    for (const auto& [name, param] : s.parameters) {
       void* key = param.unsafeGetTensorImpl();
       s.adamw->state().erase(key);
       auto it = optimizer.find(key);
@@ -135,59 +130,58 @@ void load_from(const TrainState& s, const ft::Checkpoint& checkpoint) {
       s.adamw->state()[key] = std::move(state);
     }
   }
-  const std::string rng = "rng/cpu/rank" + std::to_string(s.world.rank());
-  if (checkpoint.layout().mesh == s.groups.mesh.describe() && checkpoint.has(rng)) {
+  const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
+  if (checkpoint.layout().mesh == s.layout.mesh && checkpoint.has(rng)) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the default's state
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(checkpoint.read(rng, ft::whole(checkpoint.shape(rng))));
+    generator.set_state(checkpoint.read(rng, whole(checkpoint.shape(rng))));
   }
 }
 
 // MIN of `value` over the world (a collective).
-int64_t world_min(const TrainState& s, int64_t value) {
-  if (s.world.size() == 1) return value;
-  const at::Device device = s.engine.parameters().front().device();
+int64_t world_min(const TrainingState& s, int64_t value) {
+  if (s.world->size() == 1) return value;
+  const at::Device device = s.parameters.front().second.device();
   std::vector<at::Tensor> buffer{at::full({1}, value, at::kLong).to(device)};
   c10d::AllreduceOptions min;
   min.reduceOp = c10d::ReduceOp::MIN;
-  dist::run_collective("snapshot agreement", [&] { return s.world.group()->allreduce(buffer, min); });
+  dist::run_collective("snapshot agreement", [&] { return s.world->group()->allreduce(buffer, min); });
   return buffer[0].cpu().item<int64_t>();
 }
 
 }  // namespace
 
-void save_checkpoint(const TrainState& s, int64_t steps_done) {
-  ft::write_checkpoint(s.options.checkpoint_dir, steps_done, layout_of(s), state_pieces(s, false), s.world,
-                       static_cast<int>(s.options.keep_checkpoints));
+void save_checkpoint(const TrainingState& s, const std::string& root, int64_t steps_done, int keep) {
+  write_checkpoint(root, steps_done, s.layout, state_pieces(s, false), *s.world, keep);
 }
 
-double take_snapshot(const TrainState& s, ft::Snapshotter& snapshotter, int64_t steps_done) {
+double take_snapshot(const TrainingState& s, Snapshotter& snapshotter, int64_t steps_done) {
   return snapshotter.take(steps_done, state_pieces(s, true));
 }
 
-int64_t load_checkpoint(const TrainState& s) {
+int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
   // Rank 0 picks the newest checkpoint that verifies; everyone opens that one.
   std::string chosen;
-  if (s.world.rank() == 0) {
+  if (s.world->rank() == 0) {
     std::vector<std::string> skipped;
-    const auto latest = ft::Checkpoint::find_latest(s.options.checkpoint_dir, &skipped);
+    const auto latest = Checkpoint::find_latest(root, &skipped);
     for (const auto& why : skipped)
-      std::fprintf(stderr, "trireme train: skipping a damaged checkpoint: %s\n", why.c_str());
+      std::fprintf(stderr, "trireme: skipping a damaged checkpoint: %s\n", why.c_str());
     if (latest) chosen = latest->dir();
-    s.world.store()->set("resume/chosen", std::vector<uint8_t>(chosen.begin(), chosen.end()));
+    s.world->store()->set("resume/chosen", std::vector<uint8_t>(chosen.begin(), chosen.end()));
   }
-  dist::run_collective("resume barrier", [&] { return s.world.group()->barrier(); });
-  const std::vector<uint8_t> bytes = s.world.store()->get("resume/chosen");
+  dist::run_collective("resume barrier", [&] { return s.world->group()->barrier(); });
+  const std::vector<uint8_t> bytes = s.world->store()->get("resume/chosen");
   chosen.assign(bytes.begin(), bytes.end());
   if (chosen.empty()) return 0;
-  const ft::Checkpoint checkpoint = ft::Checkpoint::open(chosen, /*verify_data=*/false);
+  const Checkpoint checkpoint = Checkpoint::open(chosen, /*verify_data=*/false);
   load_from(s, checkpoint);
   return checkpoint.step();
 }
 
-int64_t load_snapshot(const TrainState& s, const std::string& dir) {
+int64_t load_snapshot(const TrainingState& s, const std::string& dir) {
   // The newest step every rank has a complete snapshot of (each keeps two).
-  const std::vector<int64_t> mine = ft::Snapshotter::complete_steps(dir);
+  const std::vector<int64_t> mine = Snapshotter::complete_steps(dir);
   int64_t bound = INT64_MAX;
   for (int attempt = 0; attempt < 3; ++attempt) {
     int64_t candidate = -1;
@@ -200,7 +194,7 @@ int64_t load_snapshot(const TrainState& s, const std::string& dir) {
     if (agreed < 0) return 0;
     const bool have = std::find(mine.begin(), mine.end(), agreed) != mine.end();
     if (world_min(s, have ? 1 : 0) == 1) {
-      load_from(s, ft::Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false));
+      load_from(s, Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false));
       return agreed;
     }
     bound = agreed - 1;
@@ -208,4 +202,52 @@ int64_t load_snapshot(const TrainState& s, const std::string& dir) {
   return 0;
 }
 
-}  // namespace trireme::cli
+namespace {
+bool world_restarted() {
+  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return count && std::atoi(count) > 0;
+}
+}  // namespace
+
+std::string snapshot_dir_from_env(int rank) {
+  const char* root = std::getenv("TRIREME_SNAPSHOT_DIR");
+  return root && *root ? std::string(root) + "/rank-" + std::to_string(rank) : "";
+}
+
+Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                     ResumableOptions options)
+    : options_(std::move(options)) {
+  state_.world = &world;
+  for (const auto& item : model.named_parameters()) state_.parameters.emplace_back(item.key(), item.value());
+  state_.dp = world.size();
+  state_.dp_rank = world.rank();
+  state_.adamw = &optimizer;
+  state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0};
+  snapshot_dir_ = snapshot_dir_from_env(world.rank());
+  const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  snapshot_every_ = options_.snapshot_every >= 0
+                        ? options_.snapshot_every
+                        : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir_.empty() ? 1 : 0);
+  TRIREME_CHECK(snapshot_every_ == 0 || !snapshot_dir_.empty(),
+                "in-memory snapshots need the snapshot area of `trireme run` (TRIREME_SNAPSHOT_DIR)");
+  if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, state_.layout);
+}
+
+int64_t Resumable::resume() {
+  int64_t step = 0;
+  if (world_restarted() && !snapshot_dir_.empty()) step = load_snapshot(state_, snapshot_dir_);
+  if (step == 0 && !options_.checkpoint_dir.empty()) step = load_checkpoint(state_, options_.checkpoint_dir);
+  return step;
+}
+
+void Resumable::step_done(int64_t steps_done) {
+  if (snapshotter_ && steps_done % snapshot_every_ == 0) take_snapshot(state_, *snapshotter_, steps_done);
+  if (options_.checkpoint_every > 0 && !options_.checkpoint_dir.empty() && steps_done % options_.checkpoint_every == 0)
+    save_checkpoint(state_, options_.checkpoint_dir, steps_done, options_.keep_checkpoints);
+}
+
+void Resumable::wait() {
+  if (snapshotter_) snapshotter_->wait();
+}
+
+}  // namespace trireme::ft

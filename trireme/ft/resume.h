@@ -1,0 +1,109 @@
+// Saving and restoring one rank's training state: checkpoints on disk (ft/checkpoint.h),
+// snapshots in the node agent's memory (ft/snapshot.h), and Resumable, which gives a
+// data-parallel program both in a few lines.
+//
+// Saved, by whole-model name: every parameter ("param/NAME"), AdamW's exp_avg and
+// exp_avg_sq ("exp_avg/NAME", "exp_avg_sq/NAME") and step ("step/NAME"), and each rank's
+// CPU generator state ("rng/cpu/rank<R>"). A sampler that is a function of the step
+// (data/sampler.h) and a learning-rate schedule of the step need nothing more.
+//
+// In a checkpoint each tensor-parallel rank writes the boxes of its shards (replicated
+// tensors: rank 0 only) and the replicas of a data-parallel group share the work, replica
+// (i mod dp) writing the i-th tensor; under ZeRO the pieces' state is first gathered per
+// parameter. A snapshot holds all of a rank's own state, so that every rank can restore
+// itself from its own node's memory.
+//
+// Loading reads, for each of this rank's parameters, the boxes its shard covers under the
+// current layout, whatever layout wrote them, and the same for the optimizer state
+// (handed to the ZeRO pieces when there are some). Generator states are restored when the
+// mesh is the one that wrote them.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trireme/dist/world.h"
+#include "trireme/ft/checkpoint.h"
+#include "trireme/ft/snapshot.h"
+#include "trireme/parallel/data/zero.h"
+#include "trireme/parallel/tensor/tensor_parallel.h"
+
+namespace trireme::ft {
+
+// One rank's training state as checkpoints see it.
+struct TrainingState {
+  dist::World* world = nullptr;
+  // This rank's parameters by whole-model name, and how each is split across the
+  // tensor-parallel group (a name missing from specs is replicated).
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  std::map<std::string, tensor::ShardSpec> specs;
+  int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0;
+  torch::optim::AdamW* adamw = nullptr;     // AdamW over the parameters, or
+  parallel::ZeroOptimizer* zero = nullptr;  // ZeRO's, over its DataParallel's parameters
+  CheckpointLayout layout;
+};
+
+// Writes the checkpoint of `steps_done` steps under `root`, keeping the newest `keep`.
+// A collective over the world.
+void save_checkpoint(const TrainingState& state, const std::string& root, int64_t steps_done, int keep);
+// Copies this rank's state into its snapshot (written in the background); returns the
+// microseconds the caller was held. Under ZeRO a collective over the data-parallel group.
+double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
+// Loads the newest checkpoint under `root` that verifies (rank 0 chooses; damaged newer
+// ones are named on stderr) and returns its step, or 0 when there is none. A collective.
+// Throws InvalidArgument when the checkpoint is of another model.
+int64_t load_checkpoint(const TrainingState& state, const std::string& root);
+// After a restart: loads the newest step of which every rank has a complete snapshot
+// (`dir`: this rank's) and returns it, or 0 when there is none. A collective.
+int64_t load_snapshot(const TrainingState& state, const std::string& dir);
+// This rank's snapshot directory in the area the agent gives its workers
+// (TRIREME_SNAPSHOT_DIR), or "" when not launched by `trireme run`.
+std::string snapshot_dir_from_env(int rank);
+
+struct ResumableOptions {
+  std::string checkpoint_dir;     // empty: no disk checkpoints
+  int64_t checkpoint_every = 0;   // steps between checkpoints (0: never)
+  int keep_checkpoints = 3;
+  // Steps between in-memory snapshots; -1: every step when the launcher allows restarts
+  // (TORCHELASTIC_MAX_RESTARTS > 0) and gives a snapshot area, else none.
+  int64_t snapshot_every = -1;
+};
+
+// Fault tolerance for a data-parallel program (every rank holds the whole model):
+//
+//   trireme::ft::Resumable resumable(world, *model, optimizer, {"ckpt", 100});
+//   for (int64_t step = resumable.resume(); step < steps; ++step) {
+//     ... forward, backward, optimizer.step() ...
+//     resumable.step_done(step + 1);
+//   }
+//
+// Under `trireme run --max-restarts R`, a killed worker makes the agent restart all of
+// them, and resume() then returns the step of the newest in-memory snapshot, bit for bit.
+class Resumable {
+ public:
+  Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+            ResumableOptions options = {});
+  // The step to continue from: after a restart the newest snapshot all ranks hold, else
+  // (or if none) the newest good checkpoint in checkpoint_dir, else 0. A collective.
+  int64_t resume();
+  // Snapshots and checkpoints the state after `steps_done` steps, when due. A collective.
+  void step_done(int64_t steps_done);
+  // Waits for the snapshot being written.
+  void wait();
+
+ private:
+  TrainingState state_;
+  ResumableOptions options_;
+  std::string snapshot_dir_;
+  int64_t snapshot_every_ = 0;
+  std::unique_ptr<Snapshotter> snapshotter_;
+};
+
+}  // namespace trireme::ft
