@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <sstream>
 
 #include "trireme/common/error.h"
+#include "trireme/ft/checksum.h"
 
 namespace trireme::ft {
 namespace fs = std::filesystem;
@@ -24,18 +24,6 @@ namespace {
 constexpr char kMagic[] = "TRIREME-CKPT-SHARD 1\n";
 constexpr size_t kMagicBytes = sizeof(kMagic) - 1;
 constexpr char kFormat[] = "trireme-checkpoint";
-
-uint32_t crc32_of(const void* data, size_t bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (bytes > 0) {  // zlib takes uInt lengths
-    const uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
-    crc = crc32(crc, p, n);
-    p += n;
-    bytes -= n;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -145,7 +133,7 @@ std::string write_shard(const std::string& dir, const std::string& file, const s
                        {"file", file},
                        {"offset", offset},
                        {"bytes", n},
-                       {"crc32", crc32_of(data.data_ptr(), n)},
+                       {"crc32", crc32(data.data_ptr(), n)},
                        {"start", piece.box.start},
                        {"size", piece.box.size}});
     offset += n;
@@ -298,7 +286,7 @@ std::vector<uint8_t> Checkpoint::read_slice(const Slice& slice) const {
       !f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(slice.bytes)))
     TRIREME_THROW(CheckpointCorrupt, path, ": cannot read bytes ", slice.offset, "..", slice.offset + slice.bytes,
                   " (truncated?)");
-  if (crc32_of(bytes.data(), bytes.size()) != slice.crc)
+  if (crc32(bytes.data(), bytes.size()) != slice.crc)
     TRIREME_THROW(CheckpointCorrupt, path, ": CRC-32 mismatch in bytes ", slice.offset, "..",
                   slice.offset + slice.bytes, " (box ", ft::describe(slice.box), "): the file is damaged");
   return bytes;

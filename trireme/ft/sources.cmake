@@ -1,3 +1,4 @@
 # ft/: checkpoint boxes (pure); the layout-independent on-disk checkpoint; in-memory snapshots.
 target_sources(trireme_core PRIVATE trireme/ft/box.cpp)
-target_sources(trireme PRIVATE trireme/ft/checkpoint.cpp trireme/ft/resume.cpp trireme/ft/snapshot.cpp)
+target_sources(trireme PRIVATE trireme/ft/checkpoint.cpp trireme/ft/checksum.cpp trireme/ft/resume.cpp
+  trireme/ft/snapshot.cpp)
