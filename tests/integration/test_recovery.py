@@ -9,7 +9,8 @@ processes, real kill -9):
   recovery uses the previous complete snapshot, still bitwise equal at the end;
 - restarts are bounded: with --max-restarts 1 a worker that always fails ends the job
   with one clear line after one restart;
-- nothing is left behind: no worker process, no snapshot area in /dev/shm."""
+- nothing is left behind: no worker process, no snapshot area (put under a directory of
+  the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
 import random
 import signal
@@ -49,18 +50,17 @@ def lines_in(path):
         return len(f.readlines())
 
 
-def snapshot_areas():
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("trireme-")) \
-        if os.path.isdir("/dev/shm") else []
-
-
 class Recovery(unittest.TestCase):
     def setUp(self):
         self.dir = temp_dir()
-        self.areas_before = snapshot_areas()
+        # This test's snapshot areas go here (not /dev/shm, shared with parallel tests).
+        self.areas = os.path.join(self.dir, "snapshot-areas")
+        os.makedirs(self.areas)
+        os.environ["TRIREME_SNAPSHOT_ROOT"] = self.areas
 
     def tearDown(self):
-        self.assertEqual(snapshot_areas(), self.areas_before, "snapshot area left in /dev/shm")
+        del os.environ["TRIREME_SNAPSHOT_ROOT"]
+        self.assertEqual(os.listdir(self.areas), [], "the agent left its snapshot area behind")
 
     def reference(self, nproc, layout):
         out = os.path.join(self.dir, "straight")

@@ -213,7 +213,8 @@ LaunchResult Agent::run() {
 // The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
 // that it outlives the workers, removed when the job ends.
 void Agent::make_snapshot_dir() {
-  const std::string base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
+  const char* root = std::getenv("TRIREME_SNAPSHOT_ROOT");  // where the areas go; tests isolate them
+  const std::string base = root && *root ? root : std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
   snapshot_dir_ = base + "/trireme-" + run_id_ + "-node" + std::to_string(options_.node_rank);
   std::error_code ec;
   std::filesystem::create_directories(snapshot_dir_, ec);

@@ -10,7 +10,8 @@
 // With --max-restarts R (one machine), a worker that fails on its own in step 3 makes the
 // agent stop all workers and go back to step 2 with TORCHELASTIC_RESTART_COUNT one higher,
 // up to R times. The agent also owns the node's snapshot area (TRIREME_SNAPSHOT_DIR, a
-// directory in /dev/shm that survives the workers), made after step 1 and removed in 4.
+// directory in /dev/shm, or under TRIREME_SNAPSHOT_ROOT, that survives the workers), made
+// after step 1 and removed in 4.
 #pragma once
 
 #include "trireme/launch/agent_channel.h"
