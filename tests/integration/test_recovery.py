@@ -7,6 +7,8 @@ processes, real kill -9):
 - kill -9 in the middle of a snapshot (data written, manifest not; through the
   TRIREME_TEST_KILL_IN_SNAPSHOT seam, which makes the worker SIGKILL itself there):
   recovery uses the previous complete snapshot, still bitwise equal at the end;
+- a worker that hangs (stops without exiting) is detected by its stalled heartbeat
+  (--heartbeat-timeout), killed, and the job restarts and finishes bitwise equal too;
 - restarts are bounded: with --max-restarts 1 a worker that always fails ends the job
   with one clear line after one restart;
 - nothing is left behind: no worker process, no snapshot area (put under a directory of
@@ -115,6 +117,16 @@ class Recovery(unittest.TestCase):
                             env={"TRIREME_TEST_KILL_IN_SNAPSHOT": "1:7"})
         # Snapshot 7 was interrupted (no manifest): the previous one, 6, is used.
         self.assertIn("resumed at step 6 from memory snapshots", stderr)
+
+    def test_hung_worker_is_killed_and_restarted(self):
+        # Rank 1 stops after step 6 without exiting (TRIREME_TEST_HANG_AT); its heartbeat
+        # stalls, so do its peer's (waiting for it), and the agent kills and restarts them.
+        stderr = self.check(2, ["--dp", "2", "--heartbeat-timeout", "2", "--snapshot-every", "1",
+                                "--snapshot-overhead", "0"], victim=1, env={"TRIREME_TEST_HANG_AT": "1:6"})
+        self.assertIn("no progress for 2 s", stderr)
+        self.assertIn("killed as hung", stderr)
+        # It hung before its snapshot of step 6: step 5 is the newest all ranks hold.
+        self.assertIn("resumed at step 5 from memory snapshots", stderr)
 
     def test_restarts_are_bounded(self):
         proc = run(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--", "sh", "-c", "exit 3"],

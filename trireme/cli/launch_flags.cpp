@@ -12,6 +12,8 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
              "HOST:PORT of node 0's rendezvous store, the same on every node "
              "(default: an ephemeral port on 127.0.0.1, single node only)");
   parser.add("max-restarts", &o.max_restarts, "restart all workers after a failure up to N times (one machine); trireme train resumes them from snapshots");
+  parser.add("heartbeat-timeout", &o.heartbeat_timeout_s,
+             "kill (and, with --max-restarts, restart) a worker whose progress heartbeat stalls this many seconds (0: off)");
   parser.add("join-timeout", &o.join_timeout_s,
              "seconds to wait for all nodes to join the rendezvous");
 }

@@ -6,6 +6,8 @@
 // whole model.
 #include <torch/optim/adamw.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -279,6 +281,14 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Snapshots: every --snapshot-every steps; by default every step when the launcher
   // allows restarts and gives a snapshot area.
   const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  // Test seam: TRIREME_TEST_HANG_AT="RANK:STEP" makes that rank of the first generation
+  // stop (without exiting) after that step, as a deadlocked worker would.
+  int64_t hang_at = -1;
+  if (const char* spec = std::getenv("TRIREME_TEST_HANG_AT")) {
+    int victim = -1;
+    long long at = -1;
+    if (restart == 0 && std::sscanf(spec, "%d:%lld", &victim, &at) == 2 && victim == rank) hang_at = at;
+  }
   double last_stall = 0;  // the last snapshot's stall / its step's time, until reduced
   int64_t snapshot_every =
       opt.snapshot_every >= 0 ? opt.snapshot_every
@@ -383,6 +393,8 @@ int train_worker_main(const std::vector<std::string>& args) {
         std::fprintf(stderr, "gpt: snapshots cost %.1f%% of step time (target %.1f%%): now every %lld steps\n",
                      100 * mean_stall, 100 * opt.snapshot_overhead, (long long)snapshot_every);
     }
+    world.heartbeat(step + 1);
+    if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
     if (snapshotter && (step + 1) % snapshot_every == 0)
       times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
     if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) {

@@ -222,6 +222,11 @@ MeshGroups World::mesh_groups(const Mesh& mesh) {
   return out;
 }
 
+void World::heartbeat(int64_t progress) {
+  const std::string value = std::to_string(progress);
+  base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(value.begin(), value.end()));
+}
+
 std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {
   store_->set(key + "/" + std::to_string(rank()), std::vector<uint8_t>(text.begin(), text.end()));
   run_collective("gather barrier", [&] { return group()->barrier(); });

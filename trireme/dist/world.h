@@ -61,6 +61,9 @@ class World {
   // Publishes a one-line description of this rank's place in the job (e.g. "pipeline
   // stage 1 of 2, data-parallel replica 0"); `trireme run` names it if this rank fails.
   void announce_role(const std::string& role);
+  // Tells the agent this rank is making progress (`progress`: e.g. the step done); under
+  // --heartbeat-timeout the agent kills a rank whose heartbeat stops changing.
+  void heartbeat(int64_t progress);
   // Every rank publishes `text` under `key` through the store (so this works across
   // machines); after a barrier of group() rank 0 reads them all. Returns every rank's
   // text, in rank order, on rank 0 and nothing elsewhere. A collective: all ranks call it.

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -101,6 +102,8 @@ struct Worker {
   int fds[2] = {-1, -1};  // stdout, stderr read ends
   std::optional<LinePrefixer> lines[2];
   bool running = false;
+  std::string heartbeat;                  // last value seen ("" before the first)
+  Clock::time_point heartbeat_changed{};  // when it last changed
 };
 
 class Agent {
@@ -127,6 +130,7 @@ class Agent {
   LaunchResult finish_success();
 
   void stop_workers();
+  void check_heartbeats();
   void publish_failure(const std::string& what);
   void mark_done();
   // Waits for key until deadline while noticing signals and, with watch_failure, a
@@ -148,6 +152,7 @@ class Agent {
   SignalPipe signals_;
   std::vector<Worker> workers_;
   std::string run_id_ = "none";
+  int generation_ = 0;        // restarts so far: TORCHELASTIC_RESTART_COUNT of the workers
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
   int signal_count_ = 0;     // all SIGINT/SIGTERM received
@@ -183,6 +188,7 @@ LaunchResult Agent::run() {
   if (auto refused = join()) return *refused;
   make_snapshot_dir();
   for (int restart = 0;; ++restart) {
+    generation_ = restart;
     const std::optional<Event> failed = spawn_workers(restart);
     Event event = failed ? *failed : supervise();
     if (event.ending == Ending::kWorkerFailed && !failed && restart < options_.max_restarts) {
@@ -309,6 +315,7 @@ Event Agent::supervise() {
     try {
       if (auto failure = channel_.try_get(keys::kFailure))
         return {Ending::kRemoteFailure, *failure};
+      if (options_.heartbeat_timeout_s > 0) check_heartbeats();
     } catch (const Error& e) {
       return {Ending::kStoreLost, e.what()};
     }
@@ -383,6 +390,37 @@ void Agent::reap() {
 
 bool Agent::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+}
+
+// A worker whose heartbeat has not changed for --heartbeat-timeout is hung (a deadlock, a
+// peer that stopped answering outside any collective): kill it, which makes it the failed
+// worker of this generation (and so, with --max-restarts, restarts the job).
+void Agent::check_heartbeats() {
+  const auto now = Clock::now();
+  std::vector<Worker*> stalled;
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    const auto beat = channel_.try_get(keys::heartbeat(generation_, w.rank));
+    if (!beat) continue;  // not watched until its first heartbeat
+    if (*beat != w.heartbeat) {
+      w.heartbeat = *beat;
+      w.heartbeat_changed = now;
+    } else if (now - w.heartbeat_changed >= seconds(options_.heartbeat_timeout_s)) {
+      stalled.push_back(&w);
+    }
+  }
+  if (stalled.empty() || !first_failure_.empty()) return;
+  // A hang stalls its peers too (they wait in a collective): name every stalled worker.
+  char after[32];
+  std::snprintf(after, sizeof after, "%g", options_.heartbeat_timeout_s);
+  std::string names, beats;
+  for (const Worker* w : stalled) {
+    names += (names.empty() ? "" : "; ") + worker_name(*w);
+    beats += (beats.empty() ? "" : ", ") + w->heartbeat;
+  }
+  first_failure_ = names + (stalled.size() == 1 ? " made" : " all made") + " no progress for " + after +
+                   " s (heartbeat" + (stalled.size() == 1 ? "" : "s") + " stuck at " + beats + "); killed as hung";
+  for (Worker* w : stalled) signal_process_group(w->pid, SIGKILL);
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,

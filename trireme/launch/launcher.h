@@ -25,6 +25,8 @@ struct LaunchOptions {
   int rdzv_port = 0;                      // 0: an ephemeral port (single node only)
   int max_restarts = 0;                   // worker failures survived by restarting all workers
   int join_timeout_s = 120;               // how long agents wait for each other to join
+  double heartbeat_timeout_s = 0;         // a worker whose heartbeat stalls this long is
+                                          // killed as hung (0: not watched)
   double stop_grace_s = 5;                // SIGTERM → SIGKILL delay when stopping workers
   // How long node 0 keeps the store up after its own workers finished, waiting for the
   // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
