@@ -295,6 +295,10 @@ int train_worker_main(const std::vector<std::string>& args) {
                               : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir.empty() ? 1 : 0);
   TRIREME_CHECK(snapshot_every == 0 || !snapshot_dir.empty(),
                 "--snapshot-every needs the snapshot area of `trireme run`/`trireme train` (TRIREME_SNAPSHOT_DIR)");
+  // Disk checkpoints are written in the background too, committed through the store.
+  std::unique_ptr<ft::BackgroundWriter> checkpointer;
+  if (opt.checkpoint_every > 0)
+    checkpointer = ft::checkpoint_writer(train_state, opt.checkpoint_dir, static_cast<int>(opt.keep_checkpoints));
   std::unique_ptr<ft::Snapshotter> snapshotter;
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
@@ -397,11 +401,8 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
     if (snapshotter && (step + 1) % snapshot_every == 0)
       times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
-    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0) {
-      const double c0 = obs::now_us();
-      ft::save_checkpoint(train_state, opt.checkpoint_dir, step + 1, static_cast<int>(opt.keep_checkpoints));
-      times.checkpoint_us = obs::now_us() - c0;
-    }
+    if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
+      times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
     // Overhead: the stall spread over the steps of one snapshot interval.
     if (times.snapshot_us > 0) last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
@@ -418,6 +419,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
   }
   if (snapshotter) snapshotter->wait();
+  if (checkpointer) checkpointer->wait();  // rank 0 commits the last checkpoint before leaving
   if (leader && !opt.quiet) progress.finish();
 
   obs::RankEvents ranks;

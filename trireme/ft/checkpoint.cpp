@@ -190,6 +190,26 @@ void write_checkpoint(const std::string& root, int64_t step, const CheckpointLay
   dist::run_collective("checkpoint barrier", [&] { return world.group()->barrier(); });
 }
 
+void write_checkpoint_through_store(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                                    const std::vector<SavedPiece>& pieces, const dist::Store& store, int rank,
+                                    int world_size, int keep) {
+  TRIREME_CHECK(keep >= 1, "checkpoints to keep must be >= 1, got ", keep);
+  const std::string entries =
+      write_shard(root + "/" + std::to_string(step), "rank-" + std::to_string(rank) + ".bin", pieces);
+  const std::string key = "checkpoint-entries/" + std::to_string(step) + "/";
+  store->set(key + std::to_string(rank), std::vector<uint8_t>(entries.begin(), entries.end()));
+  if (rank != 0) return;
+  std::vector<std::string> keys, all;
+  for (int r = 0; r < world_size; ++r) keys.push_back(key + std::to_string(r));
+  store->wait(keys);
+  for (const std::string& k : keys) {
+    const std::vector<uint8_t> bytes = store->get(k);
+    all.emplace_back(bytes.begin(), bytes.end());
+  }
+  commit(root, step, layout, world_size, all, keep);
+  for (const std::string& k : keys) store->deleteKey(k);
+}
+
 void write_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                             const std::vector<SavedPiece>& pieces, int keep,
                             const std::function<void()>& before_commit) {

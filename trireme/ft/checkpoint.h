@@ -58,6 +58,14 @@ struct SavedPiece {
 void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                       const std::vector<SavedPiece>& pieces, dist::World& world, int keep);
 
+// The same checkpoint, coordinated through the store alone (no process-group collective),
+// so that it can run on a background thread while training goes on: each rank writes its
+// file and publishes its slices under the store; rank 0 waits for every rank's and
+// commits. `store` must be shared by the world's ranks (dist::World::store()).
+void write_checkpoint_through_store(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                                    const std::vector<SavedPiece>& pieces, const dist::Store& store, int rank,
+                                    int world_size, int keep);
+
 // One rank's own checkpoint (its file and its manifest), written without talking to the
 // other ranks: what in-memory snapshots use (ft/snapshot.h). `before_commit` runs between
 // the data and the manifest (a fault-injection seam for tests).

@@ -155,6 +155,20 @@ void save_checkpoint(const TrainingState& s, const std::string& root, int64_t st
   write_checkpoint(root, steps_done, s.layout, state_pieces(s, false), *s.world, keep);
 }
 
+double save_checkpoint_async(const TrainingState& s, BackgroundWriter& writer, int64_t steps_done) {
+  return writer.take(steps_done, state_pieces(s, false));
+}
+
+std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, const std::string& root, int keep) {
+  const dist::Store store = s.world->store();
+  const int rank = s.world->rank(), size = s.world->size();
+  const CheckpointLayout layout = s.layout;
+  return std::make_unique<BackgroundWriter>(
+      [=](int64_t step, const std::vector<SavedPiece>& pieces) {
+        write_checkpoint_through_store(root, step, layout, pieces, store, rank, size, keep);
+      });
+}
+
 double take_snapshot(const TrainingState& s, Snapshotter& snapshotter, int64_t steps_done) {
   return snapshotter.take(steps_done, state_pieces(s, true));
 }
@@ -231,6 +245,8 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   TRIREME_CHECK(snapshot_every_ == 0 || !snapshot_dir_.empty(),
                 "in-memory snapshots need the snapshot area of `trireme run` (TRIREME_SNAPSHOT_DIR)");
   if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, state_.layout);
+  if (options_.checkpoint_every > 0 && !options_.checkpoint_dir.empty())
+    checkpointer_ = checkpoint_writer(state_, options_.checkpoint_dir, options_.keep_checkpoints);
 }
 
 int64_t Resumable::resume() {
@@ -242,12 +258,13 @@ int64_t Resumable::resume() {
 
 void Resumable::step_done(int64_t steps_done) {
   if (snapshotter_ && steps_done % snapshot_every_ == 0) take_snapshot(state_, *snapshotter_, steps_done);
-  if (options_.checkpoint_every > 0 && !options_.checkpoint_dir.empty() && steps_done % options_.checkpoint_every == 0)
-    save_checkpoint(state_, options_.checkpoint_dir, steps_done, options_.keep_checkpoints);
+  if (checkpointer_ && steps_done % options_.checkpoint_every == 0)
+    save_checkpoint_async(state_, *checkpointer_, steps_done);
 }
 
 void Resumable::wait() {
   if (snapshotter_) snapshotter_->wait();
+  if (checkpointer_) checkpointer_->wait();
 }
 
 }  // namespace trireme::ft

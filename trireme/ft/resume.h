@@ -53,6 +53,12 @@ struct TrainingState {
 // Writes the checkpoint of `steps_done` steps under `root`, keeping the newest `keep`.
 // A collective over the world.
 void save_checkpoint(const TrainingState& state, const std::string& root, int64_t steps_done, int keep);
+// The same, written by `writer` in the background (write_checkpoint_through_store): the
+// caller is held only for the copy (and, under ZeRO, the optimizer-state gather). Returns
+// the microseconds it was held.
+double save_checkpoint_async(const TrainingState& state, BackgroundWriter& writer, int64_t steps_done);
+// A BackgroundWriter that writes the checkpoints of `state` under `root`, keeping `keep`.
+std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, const std::string& root, int keep);
 // Copies this rank's state into its snapshot (written in the background); returns the
 // microseconds the caller was held. Under ZeRO a collective over the data-parallel group.
 double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
@@ -95,7 +101,7 @@ class Resumable {
   int64_t resume();
   // Snapshots and checkpoints the state after `steps_done` steps, when due. A collective.
   void step_done(int64_t steps_done);
-  // Waits for the snapshot being written.
+  // Waits for the snapshot and checkpoint being written.
   void wait();
 
  private:
@@ -104,6 +110,7 @@ class Resumable {
   std::string snapshot_dir_;
   int64_t snapshot_every_ = 0;
   std::unique_ptr<Snapshotter> snapshotter_;
+  std::unique_ptr<BackgroundWriter> checkpointer_;
 };
 
 }  // namespace trireme::ft

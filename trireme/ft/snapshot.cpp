@@ -1,4 +1,5 @@
-// Snapshotter: copy on the training thread, write on its own; see snapshot.h.
+// BackgroundWriter and Snapshotter: copy on the training thread, write on another; see
+// snapshot.h.
 #include "trireme/ft/snapshot.h"
 
 #include <algorithm>
@@ -12,13 +13,19 @@ namespace trireme::ft {
 // Two snapshots are kept: the newest may be the one a crash interrupted.
 constexpr int kSnapshotsKept = 2;
 
-Snapshotter::Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit)
-    : dir_(std::move(dir)), layout_(std::move(layout)), before_commit_(std::move(before_commit)) {
-  std::filesystem::create_directories(dir_);
+BackgroundWriter::BackgroundWriter(WriteFn write) : write_(std::move(write)) {
   thread_ = std::thread([this] { run(); });
 }
 
-Snapshotter::~Snapshotter() {
+Snapshotter::Snapshotter(const std::string& dir, const CheckpointLayout& layout,
+                         std::function<void(int64_t)> before_commit)
+    : BackgroundWriter([dir, layout, before_commit](int64_t step, const std::vector<SavedPiece>& pieces) {
+        std::filesystem::create_directories(dir);
+        write_local_checkpoint(dir, step, layout, pieces, kSnapshotsKept,
+                               [&] { if (before_commit) before_commit(step); });
+      }) {}
+
+BackgroundWriter::~BackgroundWriter() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -27,7 +34,7 @@ Snapshotter::~Snapshotter() {
   thread_.join();
 }
 
-double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
+double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   const double start = obs::now_us();
   wait();
   // Into the host buffers of the previous snapshot when the tensors are the same (its
@@ -54,13 +61,13 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   return obs::now_us() - start;
 }
 
-void Snapshotter::wait() {
+void BackgroundWriter::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   wake_.wait(lock, [this] { return !busy_; });
   if (!failure_.empty()) TRIREME_THROW(Error, failure_);
 }
 
-void Snapshotter::run() {
+void BackgroundWriter::run() {
   for (;;) {
     std::pair<int64_t, std::vector<SavedPiece>> job;
     {
@@ -72,11 +79,9 @@ void Snapshotter::run() {
     }
     std::string failure;
     try {
-      const int64_t step = job.first;
-      write_local_checkpoint(dir_, step, layout_, job.second, kSnapshotsKept,
-                             [&] { if (before_commit_) before_commit_(step); });
+      write_(job.first, job.second);
     } catch (const std::exception& e) {
-      failure = std::string("snapshot of step ") + std::to_string(job.first) + " failed: " + e.what();
+      failure = std::string("background write of step ") + std::to_string(job.first) + " failed: " + e.what();
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);

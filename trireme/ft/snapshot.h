@@ -28,39 +28,44 @@
 
 namespace trireme::ft {
 
-class Snapshotter {
+// Copies tensors on the caller's thread and writes them on its own, one write in flight.
+class BackgroundWriter {
  public:
-  // dir: this rank's snapshot directory. `before_commit(step)` runs on the writer thread
-  // between a snapshot's data and its manifest (a fault-injection seam for tests).
-  Snapshotter(std::string dir, CheckpointLayout layout,
-              std::function<void(int64_t)> before_commit = {});
-  ~Snapshotter();
-  Snapshotter(const Snapshotter&) = delete;
-  Snapshotter& operator=(const Snapshotter&) = delete;
+  using WriteFn = std::function<void(int64_t step, const std::vector<SavedPiece>& pieces)>;
+  explicit BackgroundWriter(WriteFn write);
+  virtual ~BackgroundWriter();
+  BackgroundWriter(const BackgroundWriter&) = delete;
+  BackgroundWriter& operator=(const BackgroundWriter&) = delete;
 
-  // Copies `pieces` and queues the write of snapshot `step`. Returns the microseconds the
-  // caller was held (waiting for the previous write plus the copy).
+  // Copies `pieces` and queues write(step, copies). Returns the microseconds the caller
+  // was held (waiting for the previous write plus the copy).
   double take(int64_t step, const std::vector<SavedPiece>& pieces);
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
-  // The steps of this rank's complete snapshots under `dir`, newest first (each one's
-  // manifest, magic line and lengths verified; slices' CRCs are checked when read).
-  static std::vector<int64_t> complete_steps(const std::string& dir);
-
  private:
   void run();
 
-  const std::string dir_;
-  const CheckpointLayout layout_;
-  std::function<void(int64_t)> before_commit_;
+  WriteFn write_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::optional<std::pair<int64_t, std::vector<SavedPiece>>> pending_;
   bool busy_ = false, stop_ = false;
   std::string failure_;
-  std::vector<at::Tensor> staging_;  // host copies, reused from snapshot to snapshot
+  std::vector<at::Tensor> staging_;  // host copies, reused from take to take
   std::thread thread_;
+};
+
+class Snapshotter : public BackgroundWriter {
+ public:
+  // dir: this rank's snapshot directory. `before_commit(step)` runs on the writer thread
+  // between a snapshot's data and its manifest (a fault-injection seam for tests).
+  Snapshotter(const std::string& dir, const CheckpointLayout& layout,
+              std::function<void(int64_t)> before_commit = {});
+
+  // The steps of this rank's complete snapshots under `dir`, newest first (each one's
+  // manifest, magic line and lengths verified; slices' CRCs are checked when read).
+  static std::vector<int64_t> complete_steps(const std::string& dir);
 };
 
 }  // namespace trireme::ft
