@@ -87,7 +87,7 @@ std::string new_run_id() {
   return id;
 }
 
-enum class Ending { kAllExited, kWorkerFailed, kRemoteFailure, kSignal, kStoreLost };
+enum class Ending { kAllExited, kWorkerFailed, kRemoteFailure, kRemoteRestart, kSignal, kStoreLost };
 
 struct Event {
   Ending ending;
@@ -123,6 +123,7 @@ class Agent {
 
   std::optional<LaunchResult> join();
   std::optional<Event> spawn_workers(int restart);
+  std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
   void make_snapshot_dir();
   void remove_snapshot_dir();
   Event supervise();
@@ -191,29 +192,63 @@ LaunchResult Agent::run() {
     generation_ = restart;
     const std::optional<Event> failed = spawn_workers(restart);
     Event event = failed ? *failed : supervise();
-    if (event.ending == Ending::kWorkerFailed && !failed && restart < options_.max_restarts) {
-      // A new generation: every worker is stopped and started again; they resume from
-      // their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a restart).
-      stop_workers();
-      write_all(io_.stderr_fd, "trireme run: " + event.what + "; restarting the workers (restart " +
-                                   std::to_string(restart + 1) + " of " +
-                                   std::to_string(options_.max_restarts) + ")\n");
-      for (auto& w : workers_) {
-        close_stream(w, 0);
-        close_stream(w, 1);
+    const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) || event.ending == Ending::kRemoteRestart;
+    if (restartable && restart < options_.max_restarts) {
+      if (auto refused = restart_generation(restart + 1, event)) {
+        remove_snapshot_dir();
+        return *refused;
       }
-      workers_.clear();
-      first_failure_.clear();
-      stopping_ = false;
       continue;
     }
     if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
       event.what += "; gave up after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
+    if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
   }
+}
+
+// A new generation: every agent stops its workers (a worker failed here, or another
+// agent asked), they meet at a barrier in the store, and all start their workers again,
+// which resume from their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a
+// restart). Returns the job's result when the barrier fails (a signal, a failure, time-out).
+std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
+  try {
+    if (cause.ending == Ending::kWorkerFailed) channel_.set(keys::restart(generation), cause.what);
+  } catch (const Error& e) {
+    stop_workers();
+    return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
+  }
+  stop_workers();
+  write_all(io_.stderr_fd, "trireme run: " + cause.what + "; restarting the workers (restart " +
+                               std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")\n");
+  for (auto& w : workers_) {
+    close_stream(w, 0);
+    close_stream(w, 1);
+  }
+  workers_.clear();
+  first_failure_.clear();
+  stopping_ = false;
+  if (channel_.add(keys::restart_stopped(generation), 1) == options_.nnodes)
+    channel_.set(keys::restart_go(generation), "1");
+  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  switch (wait_key(keys::restart_go(generation).c_str(), deadline, /*watch_failure=*/true)) {
+    case WaitEnd::kSet:
+      return std::nullopt;
+    case WaitEnd::kSignal:
+      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+    case WaitEnd::kFailure:
+      return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+    case WaitEnd::kTimeout:
+      break;
+  }
+  const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
+                              " s waiting for the other agents to stop their workers for restart " +
+                              std::to_string(generation);
+  publish_failure(failure);
+  return LaunchResult{1, failure};
 }
 
 // The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
@@ -315,6 +350,9 @@ Event Agent::supervise() {
     try {
       if (auto failure = channel_.try_get(keys::kFailure))
         return {Ending::kRemoteFailure, *failure};
+      if (options_.max_restarts > generation_)
+        if (auto cause = channel_.try_get(keys::restart(generation_ + 1)))
+          return {Ending::kRemoteRestart, *cause + " (on another node)"};
       if (options_.heartbeat_timeout_s > 0) check_heartbeats();
     } catch (const Error& e) {
       return {Ending::kStoreLost, e.what()};
@@ -485,6 +523,7 @@ LaunchResult Agent::finish(const Event& event) {
       result.failure = event.what + "; stopped the other workers";
       break;
     case Ending::kRemoteFailure:
+    case Ending::kRemoteRestart:
       result.failure = event.what + "; stopped the workers of " + node();
       break;
     case Ending::kSignal:

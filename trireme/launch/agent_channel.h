@@ -11,6 +11,10 @@
 //   trireme/agents/done     counter; each agent adds 1 when its workers are gone
 //   trireme/agents/all_done set by the agent whose add made `done` reach nnodes; node 0
 //                           waits for it before closing the store
+//   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
+//                           agent stops its workers and starts generation G
+//   trireme/restart/G/stopped  counter; each agent adds 1 once its workers are gone
+//   trireme/restart/G/go    set by the agent whose add made `stopped` reach nnodes
 //
 // Every method may throw CommError when the store is unreachable.
 #pragma once
@@ -35,6 +39,9 @@ inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
 // through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
 // for --heartbeat-timeout seconds; workers that never set it are not watched.
+inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
+inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
+inline std::string restart_go(int generation) { return restart(generation) + "/go"; }
 inline std::string heartbeat(int generation, int rank) {
   return "trireme/heartbeat/" + std::to_string(generation) + "/" + std::to_string(rank);
 }

@@ -21,8 +21,6 @@ void validate_launch_options(const LaunchOptions& o) {
                 o.rdzv_port);
   TRIREME_CHECK(!o.rdzv_host.empty(), "--rdzv needs a host before the ':'");
   TRIREME_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got ", o.max_restarts);
-  TRIREME_CHECK(o.max_restarts == 0 || o.nnodes == 1, "--max-restarts ", o.max_restarts,
-                " works within one machine for now (--nnodes 1); drop it for a multi-machine job");
   TRIREME_CHECK(o.heartbeat_timeout_s >= 0, "--heartbeat-timeout must be >= 0 seconds (0: off), got ",
                 o.heartbeat_timeout_s);
   TRIREME_CHECK(o.join_timeout_s > 0, "--join-timeout must be positive (seconds), got ",
