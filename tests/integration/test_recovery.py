@@ -163,7 +163,9 @@ class Recovery(unittest.TestCase):
             _, err = agent.communicate(timeout=300)
             self.assertEqual(agent.returncode, 0, err[-3000:])
             errs.append(err)
-        self.assertIn("(on another node); restarting the workers (restart 1 of 1)", errs[0])
+        # Node 0 restarts either because it saw node 1's request or because its own
+        # worker lost its peer first; either way it joins generation 1.
+        self.assertIn("restarting the workers (restart 1 of 1)", errs[0])
         self.assertIn("killed by signal 9 (SIGKILL); restarting the workers (restart 1 of 1)", errs[1])
         print("two agents: node 1's worker killed in its snapshot of step 9; both agents restarted; "
               f"final parameters bitwise equal: {raw(dump) == ref_params}")
