@@ -1,7 +1,7 @@
 """Recovery from worker failures through `trireme train gpt --max-restarts 1` (real
 processes, real kill -9):
 
-- kill -9 of one worker at a random step of a DP=2 and of a DP=2 x PP=2 run: the run
+- kill -9 of one worker at a random step of a DP=2, a DP=2 x PP=2 and a ZeRO-2 run: the run
   completes by itself, resuming from the in-memory snapshots, and its final parameters are
   bitwise equal to an uninterrupted run with the same seed (so are its per-step losses);
 - kill -9 in the middle of a snapshot (data written, manifest not; through the
@@ -113,6 +113,10 @@ class Recovery(unittest.TestCase):
     def test_kill_dp2_pp2(self):
         self.check(4, ["--dp", "2", "--pp", "2", "--micro-batches", "2"], victim=random.randint(0, 3),
                    kill_at=random.randint(3, STEPS // 2))
+
+    def test_kill_zero2(self):
+        # Under ZeRO each rank's snapshot holds only its own pieces' optimizer state.
+        self.check(2, ["--dp", "2", "--zero", "2"], victim=1, kill_at=random.randint(3, STEPS // 2))
 
     def test_kill_during_snapshot(self):
         # Every step snapshotted (the stall policy off), so that step 7 has one.

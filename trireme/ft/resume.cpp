@@ -56,7 +56,10 @@ std::vector<at::Tensor> split_local(const at::Tensor& local, const tensor::Shard
 std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
   const int tp = s.tp, tp_rank = s.tp_rank;
   const int dp = s.dp, dp_rank = s.dp_rank;
-  const std::map<const void*, Optimizer> optimizer = optimizer_state(s);
+  // A snapshot under ZeRO keeps this rank's own pieces' state (1/d of it, no gather).
+  const bool own_pieces = everything && s.zero;
+  const std::map<const void*, Optimizer> optimizer =
+      own_pieces ? std::map<const void*, Optimizer>() : optimizer_state(s);
   std::vector<SavedPiece> pieces;
   const auto named = s.parameters;
   for (size_t i = 0; i < named.size(); ++i) {
@@ -77,6 +80,18 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
     add("exp_avg_sq", state->second.exp_avg_sq);
     if (everything || tp_rank == 0)
       pieces.push_back({"step/" + name, {1}, whole({1}), at::full({1}, state->second.step, at::kLong)});
+  }
+  if (own_pieces) {
+    const auto states = s.zero->piece_states();
+    pieces.push_back({"zero/pieces", {1}, whole({1}), at::full({1}, static_cast<int64_t>(states.size()), at::kLong)});
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (states[i].step == 0) continue;
+      const std::string name = "zero/" + std::to_string(i) + "/";
+      const int64_t n = states[i].exp_avg.numel();
+      pieces.push_back({name + "exp_avg", {n}, whole({n}), states[i].exp_avg});
+      pieces.push_back({name + "exp_avg_sq", {n}, whole({n}), states[i].exp_avg_sq});
+      pieces.push_back({name + "step", {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
+    }
   }
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   pieces.push_back({"rng/cpu/rank" + std::to_string(s.world->rank()), {rng.numel()}, whole({rng.numel()}), rng});
@@ -109,7 +124,19 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
                                                 local("exp_avg_sq").to(param.device())};
     }
   }
-  if (s.zero) {
+  if (s.zero && checkpoint.has("zero/pieces")) {
+    // A snapshot of this very layout: each piece's own state.
+    const int64_t count = checkpoint.read("zero/pieces", whole({1})).item<int64_t>();
+    std::vector<parallel::ZeroOptimizer::ParamState> states(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      const std::string name = "zero/" + std::to_string(i) + "/";
+      if (!checkpoint.has(name + "step")) continue;
+      states[i] = {checkpoint.read(name + "step", whole({1})).item<int64_t>(),
+                   checkpoint.read(name + "exp_avg", whole(checkpoint.shape(name + "exp_avg"))),
+                   checkpoint.read(name + "exp_avg_sq", whole(checkpoint.shape(name + "exp_avg_sq")))};
+    }
+    s.zero->load_piece_states(states);
+  } else if (s.zero) {
     const auto& params = s.zero->data_parallel().parameters();
     std::vector<parallel::ZeroOptimizer::ParamState> states(params.size());
     for (size_t p = 0; p < params.size(); ++p) {

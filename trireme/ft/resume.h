@@ -11,7 +11,8 @@
 // tensors: rank 0 only) and the replicas of a data-parallel group share the work, replica
 // (i mod dp) writing the i-th tensor; under ZeRO the pieces' state is first gathered per
 // parameter. A snapshot holds all of a rank's own state, so that every rank can restore
-// itself from its own node's memory.
+// itself from its own node's memory; under ZeRO that is its own pieces' state
+// ("zero/<i>/..."), 1/d of the whole, taken without communication.
 //
 // Loading reads, for each of this rank's parameters, the boxes its shard covers under the
 // current layout, whatever layout wrote them, and the same for the optimizer state
@@ -60,7 +61,7 @@ double save_checkpoint_async(const TrainingState& state, BackgroundWriter& write
 // A BackgroundWriter that writes the checkpoints of `state` under `root`, keeping `keep`.
 std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, const std::string& root, int keep);
 // Copies this rank's state into its snapshot (written in the background); returns the
-// microseconds the caller was held. Under ZeRO a collective over the data-parallel group.
+// microseconds the caller was held. No communication (under ZeRO too).
 double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
 // Loads the newest checkpoint under `root` that verifies (rank 0 chooses; damaged newer
 // ones are named on stderr) and returns its step, or 0 when there is none. A collective.

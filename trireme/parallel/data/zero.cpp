@@ -175,6 +175,34 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
   return states;
 }
 
+std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::piece_states() const {
+  std::vector<ParamState> out(pieces_.size());
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    auto it = adamw_->state().find(pieces_[i].unsafeGetTensorImpl());
+    if (it == adamw_->state().end()) continue;
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    out[i] = {s.step(), s.exp_avg(), s.exp_avg_sq()};
+  }
+  return out;
+}
+
+void ZeroOptimizer::load_piece_states(const std::vector<ParamState>& states) {
+  TRIREME_CHECK(states.size() == pieces_.size(), "ZeRO: ", states.size(), " piece states for ", pieces_.size(),
+                " pieces (a snapshot of another layout)");
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    void* key = pieces_[i].unsafeGetTensorImpl();
+    adamw_->state().erase(key);
+    if (states[i].step == 0) continue;
+    TRIREME_CHECK(states[i].exp_avg.numel() == pieces_[i].numel(), "ZeRO: piece ", i, " has ",
+                  pieces_[i].numel(), " elements, its saved state ", states[i].exp_avg.numel());
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(states[i].step);
+    state->exp_avg(states[i].exp_avg.to(pieces_[i].device()));
+    state->exp_avg_sq(states[i].exp_avg_sq.to(pieces_[i].device()));
+    adamw_->state()[key] = std::move(state);
+  }
+}
+
 void ZeroOptimizer::load_state(const std::vector<ParamState>& states) {
   TRIREME_CHECK(states.size() == dp_.parameters().size(), "ZeRO load_state: ", states.size(),
                 " parameter states for ", dp_.parameters().size(), " parameters");

@@ -76,6 +76,11 @@ class ZeroOptimizer {
   // step 0 get no state.
   void load_state(const std::vector<ParamState>& states);
 
+  // The AdamW state of this rank's own pieces (aligned with parameters()), and its
+  // restoration: what a snapshot of the same layout keeps, without any communication.
+  std::vector<ParamState> piece_states() const;
+  void load_piece_states(const std::vector<ParamState>& states);
+
   const torch::optim::AdamW& optimizer() const { return *adamw_; }
   int64_t optimizer_state_bytes() const { return adamw_state_bytes(*adamw_); }
   // Elements this rank owns (its share of the parameters).
