@@ -302,7 +302,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::unique_ptr<ft::Snapshotter> snapshotter;
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
-        snapshot_dir, train_state.layout,
+        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, rank},
         kill_in_snapshot_seam(rank, restart));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 

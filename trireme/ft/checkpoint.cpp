@@ -162,6 +162,7 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
                          {"step", step},        {"mesh", layout.mesh},
                          {"dp", layout.dp},     {"tp", layout.tp},
                          {"pp", layout.pp},     {"zero", layout.zero},
+                         {"rank", layout.rank},
                          {"world_size", world_size}, {"tensors", tensors}};
   write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
   fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
@@ -242,7 +243,7 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     c.step_ = field(m, "step", where).get<int64_t>();
     c.layout_ = {field(m, "mesh", where).get<std::string>(), field(m, "dp", where).get<int>(),
                  field(m, "tp", where).get<int>(), field(m, "pp", where).get<int>(),
-                 field(m, "zero", where).get<int>()};
+                 field(m, "zero", where).get<int>(), m.value("rank", -1)};
     std::map<std::string, uint64_t> needed;  // file -> bytes it must have
     for (const auto& [name, t] : field(m, "tensors", where).items()) {
       Tensor tensor;
@@ -360,7 +361,9 @@ std::string Checkpoint::describe() const {
       ++slices;
     }
   out << "checkpoint " << dir_ << "\n  step " << step_ << ", written by " << layout_.mesh << " (dp " << layout_.dp
-      << ", tp " << layout_.tp << ", pp " << layout_.pp << ", zero " << layout_.zero << ")\n  " << tensors_.size()
+      << ", tp " << layout_.tp << ", pp " << layout_.pp << ", zero " << layout_.zero << ")"
+      << (layout_.rank >= 0 ? ", the snapshot of rank " + std::to_string(layout_.rank) : std::string()) << "\n  "
+      << tensors_.size()
       << " tensors, " << slices << " slices, " << bytes << " bytes\n";
   for (const auto& [name, t] : tensors_) {
     std::string shape;

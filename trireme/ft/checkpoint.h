@@ -41,6 +41,7 @@ constexpr int kCheckpointVersion = 1;
 struct CheckpointLayout {
   std::string mesh;
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  int rank = -1;  // the one rank whose own state this is (a snapshot); -1: the whole job
 };
 
 // A box of a whole-model tensor that this rank writes. `data` has box.size's shape.

@@ -271,7 +271,9 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
                         : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir_.empty() ? 1 : 0);
   TRIREME_CHECK(snapshot_every_ == 0 || !snapshot_dir_.empty(),
                 "in-memory snapshots need the snapshot area of `trireme run` (TRIREME_SNAPSHOT_DIR)");
-  if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, state_.layout);
+  CheckpointLayout own = state_.layout;
+  own.rank = world.rank();
+  if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, own);
   if (options_.checkpoint_every > 0 && !options_.checkpoint_dir.empty())
     checkpointer_ = checkpoint_writer(state_, options_.checkpoint_dir, options_.keep_checkpoints);
 }
