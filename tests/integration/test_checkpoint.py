@@ -3,8 +3,9 @@
 - resuming from a checkpoint reproduces the uninterrupted run bit for bit (DP=2, DP=2 x
   PP=2, ZeRO-2), per-step losses and final parameters;
 - a checkpoint written under DP=2 x PP=2 loads under 1 process, DP=4, PP=4, TP=2, ZeRO-2
-  at DP=4 and ZeRO-1 at DP=2 x PP=2: the loaded parameters are equal, and one more step
-  from it (which uses the optimizer state) matches the writer's next step within 1e-5;
+  at DP=4 and ZeRO-1 at DP=2 x PP=2: the loaded parameters are equal, and after one more
+  step the parameters and the optimizer state (exp_avg, exp_avg_sq, step; read back from
+  the checkpoint each layout writes) match the writer's within 1e-5;
 - a flipped byte and a truncated file are refused by `trireme checkpoint inspect` with a
   message naming the file and the failed check, and `--resume` falls back to the older
   checkpoint; a foreign manifest is refused;
@@ -26,6 +27,29 @@ def train(out, nproc, layout, steps, extra=()):
     run(["train", "gpt", "--nproc-per-node", str(nproc), "--out", out, "--dump-params", dump,
          "--steps", str(steps)] + layout + MODEL + list(extra), timeout=300)
     return dump
+
+
+def read_checkpoint(directory):
+    """A checkpoint's tensors, whole, by name (assembled from its slices with torch)."""
+    import torch
+    dtypes = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64,
+              "uint8": torch.uint8}
+    with open(os.path.join(directory, "manifest.json")) as f:
+        manifest = json.load(f)
+    out = {}
+    for name, t in manifest["tensors"].items():
+        whole = torch.zeros(t["shape"], dtype=dtypes[t["dtype"]])
+        for s in t["slices"]:
+            with open(os.path.join(directory, s["file"]), "rb") as f:
+                f.seek(s["offset"])
+                data = bytearray(f.read(s["bytes"]))
+            piece = torch.frombuffer(data, dtype=dtypes[t["dtype"]]).reshape(s["size"])
+            view = whole
+            for d, (start, size) in enumerate(zip(s["start"], s["size"])):
+                view = view.narrow(d, start, size)
+            view.copy_(piece)
+        out[name] = whole
+    return out
 
 
 def raw(path):
@@ -68,24 +92,40 @@ class Checkpoints(unittest.TestCase):
     def test_load_under_other_layouts(self):
         ref = os.path.join(self.dir, "ref")
         writer = ["--dp", "2", "--pp", "2", "--micro-batches", "2"]
-        train(ref, 4, writer, 4, ["--checkpoint-every", "3"])  # checkpoint at 3, then step 4
+        # Checkpoints at steps 1..4; the loaders start from step 3's.
+        train(ref, 4, writer, 4, ["--checkpoint-every", "1", "--keep-checkpoints", "5"])
         ref4 = read_params(ref + ".step4.params")
-        ckpt = ["--resume", "--checkpoint-dir", os.path.join(ref, "checkpoints")]
+        ref_state = read_checkpoint(os.path.join(ref, "checkpoints", "4"))
         loaded3 = None
         for nproc, layout in [(1, []), (4, ["--dp", "4"]), (4, ["--pp", "4"]), (2, ["--tp", "2"]),
                               (4, ["--dp", "4", "--zero", "2"]),
                               (4, ["--dp", "2", "--pp", "2", "--zero", "1", "--micro-batches", "2"])]:
             name = "-".join(layout).replace("--", "") or "one"
             out = os.path.join(self.dir, name)
+            root = os.path.join(self.dir, name + "-checkpoints")
+            shutil.copytree(os.path.join(ref, "checkpoints", "3"), os.path.join(root, "3"))
+            ckpt = ["--resume", "--checkpoint-dir", root]
             at3 = read_params(train(out, nproc, layout, 3, ckpt))  # loads, trains nothing
-            at4 = read_params(train(out, nproc, layout, 4, ckpt))
+            # One more step, checkpointed under this layout: its optimizer state must be
+            # the writer's, tensor for tensor (a wrongly loaded state would show here).
+            at4 = read_params(train(out, nproc, layout, 4, ckpt + ["--checkpoint-every", "1"]))
+            state4 = read_checkpoint(os.path.join(root, "4"))
             loaded3 = loaded3 or at3
             diff3 = max_abs_diff(loaded3, at3)
             diff4 = max_abs_diff(ref4, at4)
+            # The same tensors (generator states are per rank, so their count follows the layout).
+            self.assertEqual(sorted(k for k in state4 if not k.startswith("rng/")),
+                             sorted(k for k in ref_state if not k.startswith("rng/")))
+            state_diff = max(float((state4[k] - ref_state[k]).abs().max()) for k in ref_state
+                             if not k.startswith("rng/"))
             print(f"checkpoint of dp2 x pp2 loaded under {name}: parameters vs 1 process's load "
-                  f"{diff3:.3g}; one more step vs the writer's {diff4:.3g}")
+                  f"{diff3:.3g}; one more step: parameters {diff4:.3g}, its checkpoint (params, exp_avg, "
+                  f"exp_avg_sq, step) vs the writer's {state_diff:.3g}")
             self.assertEqual(diff3, 0.0)
             self.assertLessEqual(diff4, 1e-5)
+            self.assertLessEqual(state_diff, 1e-5)
+            steps = [k for k in ref_state if k.startswith("step/")]
+            self.assertTrue(steps and all(int(state4[k][0]) == 4 for k in steps))
 
     def damaged_run(self):
         out = os.path.join(self.dir, "run")
