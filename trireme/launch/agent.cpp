@@ -256,10 +256,10 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
 void Agent::make_snapshot_dir() {
   const char* root = std::getenv("TRIREME_SNAPSHOT_ROOT");  // where the areas go; tests isolate them
   const std::string base = root && *root ? root : std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
+  // Named here, created by the first worker that snapshots: an agent killed before any
+  // snapshot (kill -9 leaves it no chance to clean up) leaves nothing behind.
   snapshot_dir_ = base + "/trireme-" + run_id_ + "-node" + std::to_string(options_.node_rank);
-  std::error_code ec;
-  std::filesystem::create_directories(snapshot_dir_, ec);
-  if (ec) snapshot_dir_.clear();  // no snapshots: workers fall back to disk checkpoints
+  if (::access(base.c_str(), W_OK) != 0) snapshot_dir_.clear();  // workers fall back to disk
 }
 
 void Agent::remove_snapshot_dir() {
