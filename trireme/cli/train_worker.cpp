@@ -280,7 +280,6 @@ int train_worker_main(const std::vector<std::string>& args) {
                  opt.checkpoint_dir.c_str());
   // Snapshots: every --snapshot-every steps; by default every step when the launcher
   // allows restarts and gives a snapshot area.
-  const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
   // Test seam: TRIREME_TEST_HANG_AT="RANK:STEP" makes that rank of the first generation
   // stop (without exiting) after that step, as a deadlocked worker would.
   int64_t hang_at = -1;
@@ -290,11 +289,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (restart == 0 && std::sscanf(spec, "%d:%lld", &victim, &at) == 2 && victim == rank) hang_at = at;
   }
   double last_stall = 0;  // the last snapshot's stall / its step's time, until reduced
-  int64_t snapshot_every =
-      opt.snapshot_every >= 0 ? opt.snapshot_every
-                              : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir.empty() ? 1 : 0);
-  TRIREME_CHECK(snapshot_every == 0 || !snapshot_dir.empty(),
-                "--snapshot-every needs the snapshot area of `trireme run`/`trireme train` (TRIREME_SNAPSHOT_DIR)");
+  int64_t snapshot_every = ft::snapshot_interval(opt.snapshot_every, snapshot_dir);
   // Disk checkpoints are written in the background too, committed through the store.
   std::unique_ptr<ft::BackgroundWriter> checkpointer;
   if (opt.checkpoint_every > 0)

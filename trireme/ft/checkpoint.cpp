@@ -93,21 +93,6 @@ const json& field(const json& object, const char* key, const std::string& where)
   return object.at(key);
 }
 
-// The steps under root that have a directory, newest first.
-std::vector<int64_t> steps_under(const std::string& root) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.empty() ||
-        !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    steps.push_back(std::stoll(name));
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  return steps;
-}
-
 }  // namespace
 
 namespace {
@@ -168,7 +153,7 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
   fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
   sync_directory(dir);
   int kept = 0;
-  for (int64_t s : steps_under(root)) {
+  for (int64_t s : checkpoint_steps(root)) {
     const std::string d = root + "/" + std::to_string(s);
     if (s > step) continue;
     if (fs::exists(d + "/manifest.json") && kept < keep) {
@@ -180,6 +165,21 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
 }
 
 }  // namespace
+
+std::vector<int64_t> checkpoint_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.empty() ||
+        !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    steps.push_back(std::stoll(name));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 
 void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                       const std::vector<SavedPiece>& pieces, dist::World& world, int keep) {
@@ -288,7 +288,7 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
 }
 
 std::optional<Checkpoint> Checkpoint::find_latest(const std::string& root, std::vector<std::string>* skipped) {
-  for (int64_t s : steps_under(root)) {
+  for (int64_t s : checkpoint_steps(root)) {
     const std::string dir = root + "/" + std::to_string(s);
     try {
       return open(dir, /*verify_data=*/true);

@@ -74,6 +74,9 @@ void write_local_checkpoint(const std::string& root, int64_t step, const Checkpo
                             const std::vector<SavedPiece>& pieces, int keep,
                             const std::function<void()>& before_commit = {});
 
+// The steps under `root` that have a directory (complete or not), newest first.
+std::vector<int64_t> checkpoint_steps(const std::string& root);
+
 class Checkpoint {
  public:
   // Opens and verifies ROOT/<step> (the manifest and file lengths; with `verify_data`,

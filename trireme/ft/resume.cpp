@@ -250,6 +250,15 @@ bool world_restarted() {
 }
 }  // namespace
 
+int64_t snapshot_interval(int64_t requested, const std::string& snapshot_dir) {
+  const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  const int64_t every = requested >= 0 ? requested
+                                       : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir.empty() ? 1 : 0);
+  TRIREME_CHECK(every == 0 || !snapshot_dir.empty(),
+                "in-memory snapshots (--snapshot-every) need the snapshot area of `trireme run` (TRIREME_SNAPSHOT_DIR)");
+  return every;
+}
+
 std::string snapshot_dir_from_env(int rank) {
   const char* root = std::getenv("TRIREME_SNAPSHOT_DIR");
   return root && *root ? std::string(root) + "/rank-" + std::to_string(rank) : "";
@@ -265,12 +274,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   state_.adamw = &optimizer;
   state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0};
   snapshot_dir_ = snapshot_dir_from_env(world.rank());
-  const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
-  snapshot_every_ = options_.snapshot_every >= 0
-                        ? options_.snapshot_every
-                        : (max_restarts && std::atoi(max_restarts) > 0 && !snapshot_dir_.empty() ? 1 : 0);
-  TRIREME_CHECK(snapshot_every_ == 0 || !snapshot_dir_.empty(),
-                "in-memory snapshots need the snapshot area of `trireme run` (TRIREME_SNAPSHOT_DIR)");
+  snapshot_every_ = snapshot_interval(options_.snapshot_every, snapshot_dir_);
   CheckpointLayout own = state_.layout;
   own.rank = world.rank();
   if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, own);

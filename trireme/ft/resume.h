@@ -73,6 +73,10 @@ int64_t load_snapshot(const TrainingState& state, const std::string& dir);
 // This rank's snapshot directory in the area the agent gives its workers
 // (TRIREME_SNAPSHOT_DIR), or "" when not launched by `trireme run`.
 std::string snapshot_dir_from_env(int rank);
+// The snapshot interval for a request of `requested` steps (-1: every step when the
+// launcher allows restarts, TORCHELASTIC_MAX_RESTARTS > 0, and gives a snapshot area;
+// else none). Throws InvalidArgument when snapshots are asked for without an area.
+int64_t snapshot_interval(int64_t requested, const std::string& snapshot_dir);
 
 struct ResumableOptions {
   std::string checkpoint_dir;     // empty: no disk checkpoints

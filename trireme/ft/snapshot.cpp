@@ -94,20 +94,15 @@ void BackgroundWriter::run() {
 
 std::vector<int64_t> Snapshotter::complete_steps(const std::string& dir) {
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
+  for (int64_t step : checkpoint_steps(dir)) {
     try {
       // Manifest, magic lines and lengths; each slice's CRC is checked as it is read.
-      Checkpoint::open(entry.path().string(), /*verify_data=*/false);
-      steps.push_back(std::stoll(name));
+      Checkpoint::open(dir + "/" + std::to_string(step), /*verify_data=*/false);
+      steps.push_back(step);
     } catch (const CheckpointCorrupt&) {
       // interrupted or damaged: not a candidate
     }
   }
-  std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
 
