@@ -97,6 +97,13 @@ const json& field(const json& object, const char* key, const std::string& where)
 
 namespace {
 
+// A slice's manifest entry (before commit() groups the entries by tensor).
+json slice_entry(const PlacedPiece& placed, at::ScalarType dtype, const std::string& file) {
+  return {{"name", placed.piece->name},   {"dtype", dtype_name(dtype)},   {"shape", placed.piece->shape},
+          {"file", file},                 {"offset", placed.offset},      {"bytes", placed.bytes},
+          {"crc32", placed.crc},          {"start", placed.piece->box.start}, {"size", placed.piece->box.size}};
+}
+
 // Writes this rank's file of `dir` and returns its slices' manifest entries (JSON text).
 std::string write_shard(const std::string& dir, const std::string& file, const std::vector<SavedPiece>& pieces) {
   fs::create_directories(dir);
@@ -112,15 +119,7 @@ std::string write_shard(const std::string& dir, const std::string& file, const s
     const size_t n = data.nbytes();
     held.push_back(data);
     buffers.emplace_back(static_cast<const char*>(data.data_ptr()), n);
-    entries.push_back({{"name", piece.name},
-                       {"dtype", dtype_name(data.scalar_type())},
-                       {"shape", piece.shape},
-                       {"file", file},
-                       {"offset", offset},
-                       {"bytes", n},
-                       {"crc32", crc32(data.data_ptr(), n)},
-                       {"start", piece.box.start},
-                       {"size", piece.box.size}});
+    entries.push_back(slice_entry({&piece, offset, n, crc32(data.data_ptr(), n)}, data.scalar_type(), file));
     offset += n;
   }
   write_durably(dir + "/" + file + ".tmp", buffers);
@@ -211,13 +210,14 @@ void write_checkpoint_through_store(const std::string& root, int64_t step, const
   for (const std::string& k : keys) store->deleteKey(k);
 }
 
-void write_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
-                            const std::vector<SavedPiece>& pieces, int keep,
-                            const std::function<void()>& before_commit) {
+std::string_view shard_magic() { return {kMagic, kMagicBytes}; }
+
+void commit_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                             const std::string& file, const std::vector<PlacedPiece>& placed, int keep) {
   TRIREME_CHECK(keep >= 1, "snapshots to keep must be >= 1, got ", keep);
-  const std::string entries = write_shard(root + "/" + std::to_string(step), "data.bin", pieces);
-  if (before_commit) before_commit();
-  commit(root, step, layout, 1, {entries}, keep);
+  json entries = json::array();
+  for (const PlacedPiece& p : placed) entries.push_back(slice_entry(p, p.piece->data.scalar_type(), file));
+  commit(root, step, layout, 1, {entries.dump()}, keep);
 }
 
 Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trireme/dist/world.h"
@@ -67,12 +68,18 @@ void write_checkpoint_through_store(const std::string& root, int64_t step, const
                                     const std::vector<SavedPiece>& pieces, const dist::Store& store, int rank,
                                     int world_size, int keep);
 
-// One rank's own checkpoint (its file and its manifest), written without talking to the
-// other ranks: what in-memory snapshots use (ft/snapshot.h). `before_commit` runs between
-// the data and the manifest (a fault-injection seam for tests).
-void write_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
-                            const std::vector<SavedPiece>& pieces, int keep,
-                            const std::function<void()>& before_commit = {});
+// For writers that lay out a rank's file themselves (the reused shared-memory slots of
+// ft/snapshot.h): the magic line a shard file starts with, and the commit of a one-rank
+// checkpoint ROOT/<step> whose `file` already holds each piece's bytes at `offset`.
+// Writes the manifest (by rename) and keeps the newest `keep` complete checkpoints.
+struct PlacedPiece {
+  const SavedPiece* piece = nullptr;
+  uint64_t offset = 0, bytes = 0;
+  uint32_t crc = 0;
+};
+std::string_view shard_magic();
+void commit_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
+                             const std::string& file, const std::vector<PlacedPiece>& placed, int keep);
 
 // The steps under `root` that have a directory (complete or not), newest first.
 std::vector<int64_t> checkpoint_steps(const std::string& root);

@@ -296,7 +296,6 @@ void Resumable::step_done(int64_t steps_done) {
 }
 
 void Resumable::wait() {
-  if (snapshotter_) snapshotter_->wait();
   if (checkpointer_) checkpointer_->wait();
 }
 

@@ -1,11 +1,18 @@
-// BackgroundWriter and Snapshotter: copy on the training thread, write on another; see
-// snapshot.h.
+// BackgroundWriter (copy here, write on a thread) and Snapshotter (copy into reused
+// shared-memory slots); see snapshot.h.
 #include "trireme/ft/snapshot.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "trireme/common/error.h"
+#include "trireme/ft/checksum.h"
 #include "trireme/obs/clock.h"
 
 namespace trireme::ft {
@@ -16,14 +23,6 @@ constexpr int kSnapshotsKept = 2;
 BackgroundWriter::BackgroundWriter(WriteFn write) : write_(std::move(write)) {
   thread_ = std::thread([this] { run(); });
 }
-
-Snapshotter::Snapshotter(const std::string& dir, const CheckpointLayout& layout,
-                         std::function<void(int64_t)> before_commit)
-    : BackgroundWriter([dir, layout, before_commit](int64_t step, const std::vector<SavedPiece>& pieces) {
-        std::filesystem::create_directories(dir);
-        write_local_checkpoint(dir, step, layout, pieces, kSnapshotsKept,
-                               [&] { if (before_commit) before_commit(step); });
-      }) {}
 
 BackgroundWriter::~BackgroundWriter() {
   {
@@ -90,6 +89,89 @@ void BackgroundWriter::run() {
     }
     wake_.notify_all();
   }
+}
+
+namespace fs = std::filesystem;
+
+Snapshotter::Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit)
+    : dir_(std::move(dir)), layout_(std::move(layout)), before_commit_(std::move(before_commit)) {}
+
+Snapshotter::~Snapshotter() {
+  for (Slot& slot : slots_) release(slot);
+}
+
+void Snapshotter::release(Slot& slot) {
+  if (slot.base) ::munmap(slot.base, slot.bytes);
+  slot = Slot{};
+}
+
+Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
+  Slot& slot = slots_[next_];
+  next_ ^= 1;
+  const std::string target = dir_ + "/" + std::to_string(step);
+  // A slot is reused when it still exists with the right size (the state's shapes are
+  // fixed, so only a first snapshot or a damaged area makes a new one).
+  if (slot.base && (slot.bytes != bytes || !fs::exists(slot.dir + "/data.bin"))) release(slot);
+  if (slot.base && slot.dir == target) {
+    fs::remove(target + "/manifest.json");
+    return slot;
+  }
+  Slot& other = slots_[next_];
+  if (other.dir == target) release(other);
+  if (fs::exists(target)) fs::remove_all(target);  // left by an earlier generation
+  if (slot.base) {
+    fs::remove(slot.dir + "/manifest.json");  // the old snapshot is incomplete from here on
+    fs::rename(slot.dir, target);
+    slot.dir = target;
+    return slot;
+  }
+  fs::create_directories(target);
+  const std::string path = target + "/data.bin";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  TRIREME_CHECK(fd >= 0, "cannot create snapshot file ", path, ": ", std::strerror(errno));
+  const int reserved = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* base = reserved == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
+                             : MAP_FAILED;
+  const int mapped_errno = errno;
+  ::close(fd);
+  if (reserved != 0) {
+    fs::remove_all(target);
+    TRIREME_THROW(Error, "no room for a ", bytes >> 20, " MiB snapshot in ", dir_, " (", std::strerror(reserved),
+                  "): free shared memory or set --snapshot-every 0");
+  }
+  TRIREME_CHECK(base != MAP_FAILED, "cannot map snapshot file ", path, ": ", std::strerror(mapped_errno));
+  slot = {target, static_cast<unsigned char*>(base), bytes};
+  const std::string_view magic = shard_magic();
+  std::memcpy(slot.base, magic.data(), magic.size());
+  return slot;
+}
+
+double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
+  const double start = obs::now_us();
+  std::vector<at::Tensor> sources;  // contiguous CPU views (copies only where they must be)
+  size_t bytes = shard_magic().size();
+  for (const SavedPiece& piece : pieces) {
+    at::Tensor data = piece.data.detach();
+    if (!data.device().is_cpu() || !data.is_contiguous()) data = data.to(at::kCPU).contiguous();
+    TRIREME_CHECK(data.numel() == piece.box.numel(), "snapshot piece ", piece.name, " has ", data.numel(),
+                  " elements for box ", describe(piece.box));
+    bytes += data.nbytes();
+    sources.push_back(std::move(data));
+  }
+  fs::create_directories(dir_);
+  Slot& slot = claim(step, bytes);
+  std::vector<PlacedPiece> placed;
+  placed.reserve(pieces.size());
+  uint64_t offset = shard_magic().size();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t n = sources[i].nbytes();
+    const uint32_t crc = copy_with_crc32(slot.base + offset, sources[i].data_ptr(), n);
+    placed.push_back({&pieces[i], offset, n, crc});
+    offset += n;
+  }
+  if (before_commit_) before_commit_(step);
+  commit_local_checkpoint(dir_, step, layout_, "data.bin", placed, kSnapshotsKept);
+  return obs::now_us() - start;
 }
 
 std::vector<int64_t> Snapshotter::complete_steps(const std::string& dir) {

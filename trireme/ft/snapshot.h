@@ -3,16 +3,24 @@
 // which outlives the worker processes. After a worker dies, the restarted workers resume
 // from there in a fraction of the time a disk checkpoint takes.
 //
-// A snapshot is a checkpoint of one rank (ft/checkpoint.h, write_local_checkpoint): data
-// file, then manifest by rename, so one that a crash interrupted has no manifest and the
-// previous complete one is used; two are kept (double buffering), each with the magic
+// A snapshot is a one-rank checkpoint (ft/checkpoint.h): DIR/<step>/data.bin, then
+// DIR/<step>/manifest.json by rename, so one that a crash interrupted has no manifest and
+// the previous complete one is used. Two are kept (double buffering), each with the magic
 // line, format version, step, layout and a CRC-32 per tensor.
 //
-// take() copies the tensors synchronously (a parameter must not change before it has been
-// copied: the next optimizer step would) into host buffers kept from the last snapshot, then hands them to a
-// writer thread, so the training step waits only for the copy. A take() first waits for
-// the previous write (at most one in flight). Write failures are reported by the next
-// take() or by wait().
+// The two data files are slots that live as long as the Snapshotter: created, sized
+// (fallocate, so a full /dev/shm is an error here, not a SIGBUS later) and mapped once,
+// then reused. take() picks the slot holding the older snapshot, removes that snapshot's
+// manifest, renames its directory to the new step, copies every tensor straight into the
+// mapping (checksumming each block while it is in cache, ft/checksum.h) and commits the
+// manifest. That is one pass over the state and no page allocation per snapshot: a write()
+// into a fresh tmpfs file costs ~3x the copy, almost all of it page allocation, and a
+// writer thread doing it competes with training for the cores (docs/design-notes.md).
+// A parameter must not change before it has been copied, so take() runs between the
+// optimizer step and the next forward and returns when the snapshot is committed.
+//
+// BackgroundWriter is for disk checkpoints: copy on the caller's thread, write (and fsync)
+// on its own thread, one write in flight.
 #pragma once
 
 #include <condition_variable>
@@ -56,16 +64,37 @@ class BackgroundWriter {
   std::thread thread_;
 };
 
-class Snapshotter : public BackgroundWriter {
+class Snapshotter {
  public:
-  // dir: this rank's snapshot directory. `before_commit(step)` runs on the writer thread
-  // between a snapshot's data and its manifest (a fault-injection seam for tests).
-  Snapshotter(const std::string& dir, const CheckpointLayout& layout,
-              std::function<void(int64_t)> before_commit = {});
+  // dir: this rank's snapshot directory. `before_commit(step)` runs between a snapshot's
+  // data and its manifest (a fault-injection seam for tests).
+  Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit = {});
+  ~Snapshotter();
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // Copies `pieces` into the older slot and commits it as step `step`. Returns the
+  // microseconds it took. Throws Error (e.g. no space in the snapshot area).
+  double take(int64_t step, const std::vector<SavedPiece>& pieces);
 
   // The steps of this rank's complete snapshots under `dir`, newest first (each one's
   // manifest, magic line and lengths verified; slices' CRCs are checked when read).
   static std::vector<int64_t> complete_steps(const std::string& dir);
+
+ private:
+  struct Slot {
+    std::string dir;  // DIR/<step> it holds now
+    unsigned char* base = nullptr;
+    size_t bytes = 0;
+  };
+  Slot& claim(int64_t step, size_t bytes);
+  static void release(Slot& slot);
+
+  std::string dir_;
+  CheckpointLayout layout_;
+  std::function<void(int64_t)> before_commit_;
+  Slot slots_[2];
+  int next_ = 0;
 };
 
 }  // namespace trireme::ft
