@@ -13,13 +13,3 @@ TEST(Checksum, Crc32CheckValue) {
   flipped[4] ^= 0x10;
   EXPECT_NE(trireme::ft::crc32(flipped.data(), flipped.size()), 0xCBF43926u);
 }
-
-TEST(Checksum, CopyWithCrc32MatchesCopyThenCrc) {
-  // Longer than one block, and not a multiple of it.
-  std::string source(700 * 1024 + 13, '\0');
-  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<char>((i * 2654435761u) >> 13);
-  std::string copy(source.size(), '\0');
-  const uint32_t crc = trireme::ft::copy_with_crc32(copy.data(), source.data(), source.size());
-  EXPECT_EQ(copy, source);
-  EXPECT_EQ(crc, trireme::ft::crc32(source.data(), source.size()));
-}

@@ -49,6 +49,7 @@ TEST(Snapshotter, KeepsTwoNewestAndReusesTheirFiles) {
     weight.add_(1.0);
     step.fill_(s);
     snapshots.take(s, pieces_of(weight, step));
+    snapshots.wait();  // the commit
     const std::string data = area.path + "/" + std::to_string(s) + "/data.bin";
     if (s == 1) first = inode(data);
     if (s == 2) second = inode(data);
@@ -71,7 +72,8 @@ TEST(Snapshotter, CrashBeforeCommitLeavesThePreviousSnapshot) {
   snapshots.take(2, pieces_of(weight, step));
   const at::Tensor at_two = weight.clone();
   weight.mul_(3.0);
-  EXPECT_THROW(snapshots.take(3, pieces_of(weight, step)), trireme::Error);
+  snapshots.take(3, pieces_of(weight, step));
+  EXPECT_THROW(snapshots.wait(), trireme::Error);
   // Step 3 reused step 1's slot: step 1 is gone, step 3 has no manifest, step 2 is whole.
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{2}));
   const Checkpoint c = Checkpoint::open(area.path + "/2", /*verify_data=*/true);
@@ -84,6 +86,7 @@ TEST(Snapshotter, NonContiguousPiecesAreCopiedInOrder) {
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
   const at::Tensor transposed = base.t();  // 6 x 4, not contiguous
   snapshots.take(7, {{"t", {6, 4}, {{0, 0}, {6, 4}}, transposed}});
+  snapshots.wait();
   const Checkpoint c = Checkpoint::open(area.path + "/7", /*verify_data=*/true);
   EXPECT_TRUE(at::equal(c.read("t", {{0, 0}, {6, 4}}), transposed.contiguous()));
 }

@@ -413,6 +413,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     }
 
   }
+  if (snapshotter) snapshotter->wait();
   if (checkpointer) checkpointer->wait();  // rank 0 commits the last checkpoint before leaving
   if (leader && !opt.quiet) progress.finish();
 

@@ -4,7 +4,6 @@
 #include <isa-l/crc.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace trireme::ft {
 
@@ -16,19 +15,6 @@ uint32_t crc32(const void* data, size_t bytes) {
     crc = crc32_gzip_refl(crc, p, n);
     p += n;
     bytes -= n;
-  }
-  return crc;
-}
-
-uint32_t copy_with_crc32(void* dst, const void* src, size_t bytes) {
-  constexpr size_t kBlock = size_t{256} << 10;  // fits in L2 next to its source
-  uint32_t crc = 0;
-  auto* to = static_cast<unsigned char*>(dst);
-  const auto* from = static_cast<const unsigned char*>(src);
-  for (size_t done = 0; done < bytes; done += kBlock) {
-    const size_t n = std::min(kBlock, bytes - done);
-    std::memcpy(to + done, from + done, n);
-    crc = crc32_gzip_refl(crc, to + done, n);
   }
   return crc;
 }

@@ -296,6 +296,7 @@ void Resumable::step_done(int64_t steps_done) {
 }
 
 void Resumable::wait() {
+  if (snapshotter_) snapshotter_->wait();
   if (checkpointer_) checkpointer_->wait();
 }
 

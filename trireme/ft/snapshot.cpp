@@ -20,8 +20,8 @@ namespace trireme::ft {
 // Two snapshots are kept: the newest may be the one a crash interrupted.
 constexpr int kSnapshotsKept = 2;
 
-BackgroundWriter::BackgroundWriter(WriteFn write) : write_(std::move(write)) {
-  thread_ = std::thread([this] { run(); });
+BackgroundWriter::BackgroundWriter(WriteFn write, bool idle_priority) : write_(std::move(write)) {
+  thread_ = std::thread([this, idle_priority] { run(idle_priority); });
 }
 
 BackgroundWriter::~BackgroundWriter() {
@@ -51,13 +51,22 @@ double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& piece
     staging_[i].copy_(pieces[i].data.detach());
     copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
   }
+  submit(step, std::move(copies));
+  return obs::now_us() - start;
+}
+
+void BackgroundWriter::submit(int64_t step, std::vector<SavedPiece> pieces) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.emplace(step, std::move(copies));
+    pending_.emplace(step, std::move(pieces));
     busy_ = true;
   }
   wake_.notify_all();
-  return obs::now_us() - start;
+}
+
+void BackgroundWriter::drain() noexcept {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [this] { return !busy_; });
 }
 
 void BackgroundWriter::wait() {
@@ -66,7 +75,11 @@ void BackgroundWriter::wait() {
   if (!failure_.empty()) TRIREME_THROW(Error, failure_);
 }
 
-void BackgroundWriter::run() {
+void BackgroundWriter::run(bool idle_priority) {
+  if (idle_priority) {
+    const sched_param none{};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);  // best effort
+  }
   for (;;) {
     std::pair<int64_t, std::vector<SavedPiece>> job;
     {
@@ -94,9 +107,14 @@ void BackgroundWriter::run() {
 namespace fs = std::filesystem;
 
 Snapshotter::Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit)
-    : dir_(std::move(dir)), layout_(std::move(layout)), before_commit_(std::move(before_commit)) {}
+    : BackgroundWriter([this](int64_t step, const std::vector<SavedPiece>& in_slot) { commit(step, in_slot); },
+                       /*idle_priority=*/true),
+      dir_(std::move(dir)),
+      layout_(std::move(layout)),
+      before_commit_(std::move(before_commit)) {}
 
 Snapshotter::~Snapshotter() {
+  drain();  // the thread reads the slots and this object's members
   for (Slot& slot : slots_) release(slot);
 }
 
@@ -148,6 +166,7 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
 
 double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   const double start = obs::now_us();
+  wait();  // the previous snapshot is complete before the slot of the one before is reused
   std::vector<at::Tensor> sources;  // contiguous CPU views (copies only where they must be)
   size_t bytes = shard_magic().size();
   for (const SavedPiece& piece : pieces) {
@@ -160,18 +179,31 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   }
   fs::create_directories(dir_);
   Slot& slot = claim(step, bytes);
-  std::vector<PlacedPiece> placed;
-  placed.reserve(pieces.size());
+  std::vector<SavedPiece> in_slot;  // the same pieces, as views of the slot
+  in_slot.reserve(pieces.size());
   uint64_t offset = shard_magic().size();
   for (size_t i = 0; i < pieces.size(); ++i) {
     const size_t n = sources[i].nbytes();
-    const uint32_t crc = copy_with_crc32(slot.base + offset, sources[i].data_ptr(), n);
-    placed.push_back({&pieces[i], offset, n, crc});
+    std::memcpy(slot.base + offset, sources[i].data_ptr(), n);
+    in_slot.push_back({pieces[i].name, pieces[i].shape, pieces[i].box,
+                       at::from_blob(slot.base + offset, sources[i].sizes(), sources[i].options())});
+    offset += n;
+  }
+  submit(step, std::move(in_slot));
+  return obs::now_us() - start;
+}
+
+void Snapshotter::commit(int64_t step, const std::vector<SavedPiece>& in_slot) {
+  std::vector<PlacedPiece> placed;
+  placed.reserve(in_slot.size());
+  uint64_t offset = shard_magic().size();
+  for (const SavedPiece& piece : in_slot) {  // back to back after the magic line, as take() put them
+    const size_t n = piece.data.nbytes();
+    placed.push_back({&piece, offset, n, crc32(piece.data.data_ptr(), n)});
     offset += n;
   }
   if (before_commit_) before_commit_(step);
   commit_local_checkpoint(dir_, step, layout_, "data.bin", placed, kSnapshotsKept);
-  return obs::now_us() - start;
 }
 
 std::vector<int64_t> Snapshotter::complete_steps(const std::string& dir) {

@@ -10,17 +10,19 @@
 //
 // The two data files are slots that live as long as the Snapshotter: created, sized
 // (fallocate, so a full /dev/shm is an error here, not a SIGBUS later) and mapped once,
-// then reused. take() picks the slot holding the older snapshot, removes that snapshot's
-// manifest, renames its directory to the new step, copies every tensor straight into the
-// mapping (checksumming each block while it is in cache, ft/checksum.h) and commits the
-// manifest. That is one pass over the state and no page allocation per snapshot: a write()
-// into a fresh tmpfs file costs ~3x the copy, almost all of it page allocation, and a
-// writer thread doing it competes with training for the cores (docs/design-notes.md).
-// A parameter must not change before it has been copied, so take() runs between the
-// optimizer step and the next forward and returns when the snapshot is committed.
+// then reused. take() waits for the previous snapshot's commit, picks the slot holding the
+// older snapshot, removes that snapshot's manifest, renames its directory to the new step
+// and copies every tensor straight into the mapping: one pass over the state, no page
+// allocation (a write() into a fresh tmpfs file costs ~3x the copy, nearly all of it page
+// allocation). A parameter must not change before it has been copied, so take() runs
+// between the optimizer step and the next forward. The CRCs (read from the slot, which
+// nothing writes until the snapshot after next) and the manifest are left to a thread at
+// SCHED_IDLE priority, which runs in the step's idle moments (waits on communication)
+// rather than taking the core from training; until its manifest is written a snapshot is
+// incomplete and the previous one serves.
 //
-// BackgroundWriter is for disk checkpoints: copy on the caller's thread, write (and fsync)
-// on its own thread, one write in flight.
+// BackgroundWriter alone is for disk checkpoints: copy on the caller's thread, write (and
+// fsync) on its own thread.
 #pragma once
 
 #include <condition_variable>
@@ -36,23 +38,31 @@
 
 namespace trireme::ft {
 
-// Copies tensors on the caller's thread and writes them on its own, one write in flight.
+// Writes on a thread of its own, one job in flight: the caller prepares a job's buffers,
+// submits it, and the next take() first waits for it.
 class BackgroundWriter {
  public:
   using WriteFn = std::function<void(int64_t step, const std::vector<SavedPiece>& pieces)>;
-  explicit BackgroundWriter(WriteFn write);
+  // idle_priority: the thread runs under SCHED_IDLE, only when its core has nothing else
+  // to run (a snapshot's checksums fill the waits of a step instead of delaying it).
+  explicit BackgroundWriter(WriteFn write, bool idle_priority = false);
   virtual ~BackgroundWriter();
   BackgroundWriter(const BackgroundWriter&) = delete;
   BackgroundWriter& operator=(const BackgroundWriter&) = delete;
 
-  // Copies `pieces` and queues write(step, copies). Returns the microseconds the caller
-  // was held (waiting for the previous write plus the copy).
-  double take(int64_t step, const std::vector<SavedPiece>& pieces);
+  // Copies `pieces` into host buffers kept from the last take and queues write(step,
+  // copies). Returns the microseconds the caller was held (waiting for the previous
+  // write plus the copy).
+  virtual double take(int64_t step, const std::vector<SavedPiece>& pieces);
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
+ protected:
+  void submit(int64_t step, std::vector<SavedPiece> pieces);
+  void drain() noexcept;  // waits for the write in flight, ignoring failures
+
  private:
-  void run();
+  void run(bool idle_priority);
 
   WriteFn write_;
   std::mutex mutex_;
@@ -64,18 +74,17 @@ class BackgroundWriter {
   std::thread thread_;
 };
 
-class Snapshotter {
+class Snapshotter : public BackgroundWriter {
  public:
   // dir: this rank's snapshot directory. `before_commit(step)` runs between a snapshot's
   // data and its manifest (a fault-injection seam for tests).
   Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit = {});
-  ~Snapshotter();
-  Snapshotter(const Snapshotter&) = delete;
-  Snapshotter& operator=(const Snapshotter&) = delete;
+  ~Snapshotter() override;
 
-  // Copies `pieces` into the older slot and commits it as step `step`. Returns the
-  // microseconds it took. Throws Error (e.g. no space in the snapshot area).
-  double take(int64_t step, const std::vector<SavedPiece>& pieces);
+  // Waits for the previous snapshot's commit, copies `pieces` into the older slot and
+  // queues its checksums and commit as step `step`. Returns the microseconds the caller
+  // was held. Throws Error (no space in the snapshot area, a failed earlier commit).
+  double take(int64_t step, const std::vector<SavedPiece>& pieces) override;
 
   // The steps of this rank's complete snapshots under `dir`, newest first (each one's
   // manifest, magic line and lengths verified; slices' CRCs are checked when read).
@@ -89,6 +98,7 @@ class Snapshotter {
   };
   Slot& claim(int64_t step, size_t bytes);
   static void release(Slot& slot);
+  void commit(int64_t step, const std::vector<SavedPiece>& in_slot);
 
   std::string dir_;
   CheckpointLayout layout_;
