@@ -394,13 +394,15 @@ int train_worker_main(const std::vector<std::string>& args) {
     }
     world.heartbeat(step + 1);
     if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
+    // The first two snapshots of a process also create its slots: not what later ones cost.
+    const bool slots_ready = snapshotter && snapshotter->slots_ready();
     if (snapshotter && (step + 1) % snapshot_every == 0)
       times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
     if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
       times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
     // Overhead: the stall spread over the steps of one snapshot interval.
-    if (times.snapshot_us > 0) last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
+    if (times.snapshot_us > 0 && slots_ready) last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {

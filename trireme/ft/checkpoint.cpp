@@ -2,6 +2,8 @@
 #include "trireme/ft/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -299,15 +301,36 @@ std::optional<Checkpoint> Checkpoint::find_latest(const std::string& root, std::
   return std::nullopt;
 }
 
-std::vector<uint8_t> Checkpoint::read_slice(const Slice& slice) const {
+struct Checkpoint::Mapping {
+  const unsigned char* base = nullptr;
+  size_t size = 0;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  Mapping(const unsigned char* b, size_t n) : base(b), size(n) {}
+  ~Mapping() {
+    if (base) ::munmap(const_cast<unsigned char*>(base), size);
+  }
+};
+
+const unsigned char* Checkpoint::read_slice(const Slice& slice) const {
   const std::string path = dir_ + "/" + slice.file;
-  std::ifstream f(path, std::ios::binary);
-  std::vector<uint8_t> bytes(slice.bytes);
-  if (!f || !f.seekg(static_cast<std::streamoff>(slice.offset)) ||
-      !f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(slice.bytes)))
+  auto& mapping = mapped_[slice.file];
+  if (!mapping) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) TRIREME_THROW(CheckpointCorrupt, path, ": cannot open (", std::strerror(errno), ")");
+    struct stat st {};
+    void* base = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && st.st_size > 0)
+      base = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) TRIREME_THROW(CheckpointCorrupt, path, ": cannot map (empty or unreadable)");
+    mapping = std::make_shared<const Mapping>(static_cast<const unsigned char*>(base), static_cast<size_t>(st.st_size));
+  }
+  if (slice.offset > mapping->size || slice.bytes > mapping->size - slice.offset)
     TRIREME_THROW(CheckpointCorrupt, path, ": cannot read bytes ", slice.offset, "..", slice.offset + slice.bytes,
                   " (truncated?)");
-  if (crc32(bytes.data(), bytes.size()) != slice.crc)
+  const unsigned char* bytes = mapping->base + slice.offset;
+  if (crc32(bytes, slice.bytes) != slice.crc)
     TRIREME_THROW(CheckpointCorrupt, path, ": CRC-32 mismatch in bytes ", slice.offset, "..",
                   slice.offset + slice.bytes, " (box ", ft::describe(slice.box), "): the file is damaged");
   return bytes;
@@ -332,12 +355,12 @@ at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
   for (const Slice& slice : tensor.slices) {
     const auto common = intersect(slice.box, want);
     if (!common) continue;
-    std::vector<uint8_t> bytes = read_slice(slice);
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-    if (static_cast<int64_t>(bytes.size()) != slice.box.numel() * element)
-      TRIREME_THROW(CheckpointCorrupt, dir_, "/", slice.file, ": slice of '", name, "' has ", bytes.size(),
+    if (static_cast<int64_t>(slice.bytes) != slice.box.numel() * element)
+      TRIREME_THROW(CheckpointCorrupt, dir_, "/", slice.file, ": slice of '", name, "' has ", slice.bytes,
                     " bytes for box ", ft::describe(slice.box));
-    at::Tensor stored = at::from_blob(bytes.data(), slice.box.size, at::TensorOptions(dtype));
+    const unsigned char* bytes = read_slice(slice);
+    at::Tensor stored = at::from_blob(const_cast<unsigned char*>(bytes), slice.box.size, at::TensorOptions(dtype));
     at::Tensor from = stored, to = out;
     for (size_t d = 0; d < want.start.size(); ++d) {
       from = from.narrow(static_cast<int64_t>(d), common->start[d] - slice.box.start[d], common->size[d]);

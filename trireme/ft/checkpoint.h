@@ -118,12 +118,15 @@ class Checkpoint {
     std::vector<int64_t> shape;
     std::vector<Slice> slices;
   };
-  std::vector<uint8_t> read_slice(const Slice& slice) const;
+  struct Mapping;  // a shard file mapped read-only, shared by the copies of this object
+  // The slice's bytes in its file's mapping, after checking they are there and their CRC.
+  const unsigned char* read_slice(const Slice& slice) const;
 
   std::string dir_;
   int64_t step_ = 0;
   CheckpointLayout layout_;
   std::map<std::string, Tensor> tensors_;
+  mutable std::map<std::string, std::shared_ptr<const Mapping>> mapped_;  // by file name
 };
 
 }  // namespace trireme::ft

@@ -86,6 +86,9 @@ class Snapshotter : public BackgroundWriter {
   // was held. Throws Error (no space in the snapshot area, a failed earlier commit).
   double take(int64_t step, const std::vector<SavedPiece>& pieces) override;
 
+  // Whether both slots exist: a take() before that also creates (allocates) one.
+  bool slots_ready() const { return slots_[0].base && slots_[1].base; }
+
   // The steps of this rank's complete snapshots under `dir`, newest first (each one's
   // manifest, magic line and lengths verified; slices' CRCs are checked when read).
   static std::vector<int64_t> complete_steps(const std::string& dir);
