@@ -43,9 +43,24 @@ def rank_of(pid):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"__train-worker" not in f.read():
                 return None
+        if env.get(b"TRIREME_STANDBY") == b"1":
+            return None  # started as a standby (a later generation's worker), not a victim
         return int(env.get(b"RANK", b"-1"))
     except OSError:
         return None
+
+
+def standbys(marker):
+    """Standby workers (launch/standby.h) of the run whose command line contains marker."""
+    found = []
+    for pid in workers_alive(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if b"\0TRIREME_STANDBY=1\0" in b"\0" + f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
 def lines_in(path):
@@ -67,19 +82,19 @@ class Recovery(unittest.TestCase):
         del os.environ["TRIREME_SNAPSHOT_ROOT"]
         self.assertEqual(os.listdir(self.areas), [], "the agent left its snapshot area behind")
 
-    def reference(self, nproc, layout):
+    def reference(self, nproc, layout, steps=STEPS):
         out = os.path.join(self.dir, "straight")
         dump = out + ".params"
         run(["train", "gpt", "--nproc-per-node", str(nproc), "--out", out, "--dump-params", dump,
-             "--steps", str(STEPS), "--quiet"] + layout + MODEL, timeout=300)
+             "--steps", str(steps), "--quiet"] + layout + MODEL, timeout=300)
         return raw(dump), [m["loss"] for m in metrics(out)]
 
-    def check(self, nproc, layout, victim, kill_at=None, env=None):
-        ref_params, ref_losses = self.reference(nproc, layout)
+    def check(self, nproc, layout, victim, kill_at=None, env=None, steps=STEPS, after_standby=False):
+        ref_params, ref_losses = self.reference(nproc, layout, steps)
         out = os.path.join(self.dir, "killed")
         dump = out + ".params"
         cmd = [TRIREME, "train", "gpt", "--nproc-per-node", str(nproc), "--out", out,
-               "--dump-params", dump, "--steps", str(STEPS), "--max-restarts", "1"] + layout + MODEL
+               "--dump-params", dump, "--steps", str(steps), "--max-restarts", "1"] + layout + MODEL
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
         killed_at = None
@@ -88,7 +103,7 @@ class Recovery(unittest.TestCase):
             deadline = time.time() + 120
             path = os.path.join(out, "metrics.jsonl")
             while time.time() < deadline and proc.poll() is None:
-                if lines_in(path) >= kill_at:
+                if lines_in(path) >= kill_at and (not after_standby or len(standbys(out)) == nproc):
                     break
                 time.sleep(0.01)
             pids = [p for p in workers_alive(out) if rank_of(p) == victim]
@@ -101,7 +116,7 @@ class Recovery(unittest.TestCase):
         resumed = [l for l in stderr.splitlines() if "resumed at step" in l]
         print(f"{' '.join(layout)}: killed rank {victim} after step {killed_at}; {resumed[0].strip()}")
         self.assertIn("from memory snapshots", resumed[0])
-        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
         self.assertEqual(raw(dump), ref_params, "final parameters differ from the uninterrupted run")
         self.assertEqual(workers_alive(out), [])
@@ -117,6 +132,12 @@ class Recovery(unittest.TestCase):
     def test_kill_zero2(self):
         # Under ZeRO each rank's snapshot holds only its own pieces' optimizer state.
         self.check(2, ["--dp", "2", "--zero", "2"], victim=1, kill_at=random.randint(3, STEPS // 2))
+
+    def test_restart_activates_standby_workers(self):
+        # trireme train starts the next generation's workers ahead of time; once they are
+        # up, a kill -9 restarts the job with them instead of new processes.
+        stderr = self.check(2, ["--dp", "2"], victim=1, kill_at=3, steps=400, after_standby=True)
+        self.assertIn("restarting the workers (restart 1 of 1), 2 from standby", stderr)
 
     def test_kill_during_snapshot(self):
         # Every step snapshotted (the stall policy off), so that step 7 has one.

@@ -16,7 +16,9 @@ class Resumable(unittest.TestCase):
         d = temp_dir()
         straight, killed = os.path.join(d, "straight.bin"), os.path.join(d, "killed.bin")
         run(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--", PROBE, "12", "0", straight])
-        proc = run(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--", PROBE, "12", "5", killed])
+        # --standby 1: the probe awaits activation first thing in main, as such programs must.
+        proc = run(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--standby", "1", "--", PROBE, "12",
+                    "5", killed])
         self.assertIn("killed by signal 9", proc.stderr)
         self.assertIn("restarting the workers (restart 1 of 1)", proc.stderr)
         with open(straight, "rb") as a, open(killed, "rb") as b:

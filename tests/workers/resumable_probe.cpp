@@ -16,9 +16,11 @@
 
 #include "trireme/dist/world.h"
 #include "trireme/ft/resume.h"
+#include "trireme/launch/standby.h"
 #include "trireme/parallel/data/data_parallel.h"
 
 int main(int argc, char** argv) {
+  trireme::launch::await_activation();  // returns at once unless started as a standby (--standby 1)
   if (argc != 4) {
     std::fprintf(stderr, "usage: resumable_probe STEPS KILL_AT OUT\n");
     return 2;

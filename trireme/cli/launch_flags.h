@@ -1,7 +1,7 @@
 // The launcher's flags, shared by `trireme run` and `trireme train` (which starts its own
 // workers through the launcher):
 //   --nproc-per-node N  --nnodes K  --node-rank R  --rdzv HOST:PORT
-//   --max-restarts M  --join-timeout SECONDS
+//   --max-restarts M  --standby 0|1  --join-timeout SECONDS
 // Usage:
 //   FlagParser parser("trireme train");
 //   LaunchFlags launch_flags;
@@ -22,6 +22,7 @@ namespace trireme::cli {
 struct LaunchFlags {
   launch::LaunchOptions options;
   std::string rdzv;  // HOST:PORT as given; empty when --rdzv was not given
+  int standby = -1;  // --standby 0|1; -1: the command's default
 };
 
 // Registers the launcher flags on parser, bound to *flags (which must outlive parsing).

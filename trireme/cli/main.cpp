@@ -13,6 +13,7 @@
 
 #include "trireme/cli/commands.h"
 #include "trireme/common/error.h"
+#include "trireme/launch/standby.h"
 
 namespace trireme::cli {
 
@@ -48,6 +49,7 @@ std::string one_line(std::string text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  trireme::launch::await_activation();  // a standby worker waits here, libtorch loaded
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

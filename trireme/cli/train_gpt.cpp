@@ -55,6 +55,7 @@ int train_main(const std::vector<std::string>& args) {
 
   std::vector<std::string> command = {self_executable(), "__train-worker"};
   command.insert(command.end(), args.begin(), args.end());
+  if (launch_flags.standby < 0) launch_flags.standby = 1;  // its worker awaits activation in main()
   const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
 
   const int world_size = launch_options.nproc_per_node * launch_options.nnodes;

@@ -12,6 +12,7 @@
 
 #include "trireme/common/error.h"
 #include "trireme/launch/agent_channel.h"
+#include "trireme/launch/standby.h"
 
 namespace trireme::dist {
 namespace {
@@ -177,6 +178,9 @@ void World::announce_role(const std::string& role) {
 }
 
 World World::from_env(const WorldOptions& options) {
+  TRIREME_CHECK(!launch::awaiting_activation(),
+                "this worker was started as a standby (trireme run --standby) but joined the world before "
+                "it was activated; call trireme::launch::await_activation() first in main");
   return connect(world_info_from_env(), options);
 }
 

@@ -27,6 +27,7 @@
 #include "trireme/launch/exit_status.h"
 #include "trireme/launch/output.h"
 #include "trireme/launch/process.h"
+#include "trireme/launch/standby.h"
 #include "trireme/launch/worker_env.h"
 
 extern char** environ;
@@ -43,6 +44,9 @@ constexpr milliseconds kFailurePollInterval{200};
 constexpr milliseconds kWaitSlice{200};
 // After SIGKILL, how long to wait for the kernel to reap a worker before giving up on it.
 constexpr milliseconds kKillReapLimit{10000};
+// How long a generation runs before the agent starts its standby workers (standby.h):
+// long enough that their start does not compete with the generation's own.
+constexpr milliseconds kStandbyDelay{1000};
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -102,6 +106,8 @@ struct Worker {
   int fds[2] = {-1, -1};  // stdout, stderr read ends
   std::optional<LinePrefixer> lines[2];
   bool running = false;
+  int go_fd = -1;                         // a standby's activation pipe (standby.h)
+  int generation = 0;                     // the generation it was started for
   std::string heartbeat;                  // last value seen ("" before the first)
   Clock::time_point heartbeat_changed{};  // when it last changed
 };
@@ -123,6 +129,8 @@ class Agent {
 
   std::optional<LaunchResult> join();
   std::optional<Event> spawn_workers(int restart);
+  void spawn_standby(int generation);
+  void end_standby();
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
   void make_snapshot_dir();
   void remove_snapshot_dir();
@@ -152,6 +160,8 @@ class Agent {
   AgentIo io_;
   SignalPipe signals_;
   std::vector<Worker> workers_;
+  std::vector<Worker> standby_;  // the next generation's workers, loaded and waiting
+  Clock::time_point generation_start_{};
   std::string run_id_ = "none";
   int generation_ = 0;        // restarts so far: TORCHELASTIC_RESTART_COUNT of the workers
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
@@ -163,6 +173,7 @@ class Agent {
 };
 
 Agent::~Agent() {
+  end_standby();
   for (auto& w : workers_) {
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
@@ -195,6 +206,7 @@ LaunchResult Agent::run() {
     const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) || event.ending == Ending::kRemoteRestart;
     if (restartable && restart < options_.max_restarts) {
       if (auto refused = restart_generation(restart + 1, event)) {
+        end_standby();
         remove_snapshot_dir();
         return *refused;
       }
@@ -204,6 +216,7 @@ LaunchResult Agent::run() {
       event.what += "; gave up after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
     if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
+    end_standby();
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
@@ -222,8 +235,12 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
     return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
   }
   stop_workers();
+  reap();
+  const auto ready = std::count_if(standby_.begin(), standby_.end(),
+                                   [&](const Worker& w) { return w.running && w.generation == generation; });
   write_all(io_.stderr_fd, "trireme run: " + cause.what + "; restarting the workers (restart " +
-                               std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")\n");
+                               std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")" +
+                               (ready ? ", " + std::to_string(ready) + " from standby" : std::string()) + "\n");
   for (auto& w : workers_) {
     close_stream(w, 0);
     close_stream(w, 1);
@@ -312,7 +329,22 @@ std::optional<Event> Agent::spawn_workers(int restart) {
   const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
   const JobInfo job{store_.host, store_.port, run_id_, restart, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
   const std::vector<std::string> base = current_environment();
+  generation_start_ = Clock::now();
   for (int local = 0; local < options_.nproc_per_node; ++local) {
+    // A standby started for this generation becomes the worker: one byte on its stdin.
+    auto ready = std::find_if(standby_.begin(), standby_.end(), [&](const Worker& s) {
+      return s.running && s.local_rank == local && s.generation == restart;
+    });
+    if (ready != standby_.end()) {
+      const char go = 1;
+      if (::write(ready->go_fd, &go, 1) == 1) {
+        ::close(ready->go_fd);
+        ready->go_fd = -1;
+        workers_.push_back(std::move(*ready));
+        standby_.erase(ready);
+        continue;
+      }
+    }
     Worker w;
     w.local_rank = local;
     w.rank = options_.node_rank * options_.nproc_per_node + local;
@@ -331,9 +363,56 @@ std::optional<Event> Agent::spawn_workers(int restart) {
     w.lines[0].emplace(rank_prefix(w.rank));
     w.lines[1].emplace(rank_prefix(w.rank));
     w.running = true;
+    w.generation = restart;
     workers_.push_back(std::move(w));
   }
+  end_standby();  // any left over were for another generation
   return std::nullopt;
+}
+
+// Starts generation `generation`'s workers ahead of time, waiting in await_activation().
+// Best effort: a standby that cannot start leaves that worker to be started on restart.
+void Agent::spawn_standby(int generation) {
+  const char* path = std::getenv("PATH");
+  const std::string executable = find_executable(options_.command.front(), path ? path : "/usr/bin:/bin");
+  if (executable.empty()) return;
+  const JobInfo job{store_.host, store_.port, run_id_, generation, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = options_.node_rank * options_.nproc_per_node + local;
+    w.generation = generation;
+    try {
+      std::vector<std::string> env = worker_environment(current_environment(), options_, local, job);
+      env.push_back(std::string(kStandbyEnv) + "=1");
+      const SpawnedProcess p = spawn_process(executable, options_.command, env, /*stdin_pipe=*/true);
+      w.pid = p.pid;
+      w.fds[0] = p.stdout_fd;
+      w.fds[1] = p.stderr_fd;
+      w.go_fd = p.stdin_fd;
+    } catch (const Error&) {
+      continue;
+    }
+    w.lines[0].emplace(rank_prefix(w.rank));
+    w.lines[1].emplace(rank_prefix(w.rank));
+    w.running = true;
+    standby_.push_back(std::move(w));
+  }
+}
+
+// Closes the standby workers' activation pipes (they exit on EOF) and reaps them.
+void Agent::end_standby() {
+  for (auto& w : standby_) {
+    if (w.go_fd >= 0) ::close(w.go_fd);
+    if (w.running) {
+      signal_process_group(w.pid, SIGKILL);
+      while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    for (int s = 0; s < 2; ++s)
+      if (w.fds[s] >= 0) ::close(w.fds[s]);
+  }
+  standby_.clear();
 }
 
 // ---- step 3: supervise -------------------------------------------------------------------
@@ -347,6 +426,9 @@ Event Agent::supervise() {
     if (!any_running()) return {Ending::kAllExited, ""};
     if (Clock::now() < next_check) continue;
     next_check = Clock::now() + kFailurePollInterval;
+    if (options_.standby && standby_.empty() && generation_ < options_.max_restarts &&
+        Clock::now() - generation_start_ >= kStandbyDelay)
+      spawn_standby(generation_ + 1);
     try {
       if (auto failure = channel_.try_get(keys::kFailure))
         return {Ending::kRemoteFailure, *failure};
@@ -412,6 +494,18 @@ void Agent::close_stream(Worker& w, int stream) {
 }
 
 void Agent::reap() {
+  for (auto& w : standby_) {  // one that died waiting is not used; say why
+    int status = 0;
+    if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    w.running = false;
+    for (int s = 0; s < 2; ++s) {
+      forward(w, s);
+      close_stream(w, s);
+    }
+    write_all(io_.stderr_fd, "trireme run: the standby worker for rank " + std::to_string(w.rank) + " " +
+                                 describe_wait_status(status) +
+                                 " before it was needed; a restart will start a new worker\n");
+  }
   for (auto& w : workers_) {
     if (!w.running) continue;
     int status = 0;

@@ -31,6 +31,9 @@ struct LaunchOptions {
   // How long node 0 keeps the store up after its own workers finished, waiting for the
   // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
   double exit_barrier_timeout_s = 300;
+  // Start each next generation's workers ahead of time (launch/standby.h); the program
+  // must call trireme::launch::await_activation() first in main.
+  bool standby = false;
   std::vector<std::string> command;       // program and its arguments
   // Added to (and overriding) every worker's environment, after the torchrun variables.
   std::vector<std::pair<std::string, std::string>> extra_env;

@@ -60,7 +60,7 @@ void close_fd(int& fd) {
 // In the forked child: only async-signal-safe calls until execve. On failure, reports
 // errno on report_fd (close-on-exec, so the parent reads EOF on success) and exits 127.
 [[noreturn]] void exec_child(pid_t parent, const char* executable, char* const argv[],
-                             char* const envp[], int out_fd, int err_fd, int report_fd) {
+                             char* const envp[], int in_fd, int out_fd, int err_fd, int report_fd) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
@@ -71,8 +71,8 @@ void close_fd(int& fd) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  const int null_fd = ::open("/dev/null", O_RDONLY);
-  if (null_fd >= 0) ::dup2(null_fd, 0);
+  const int stdin_fd = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
+  if (stdin_fd >= 0) ::dup2(stdin_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
   ::execve(executable, argv, envp);
@@ -100,11 +100,12 @@ std::string find_executable(const std::string& program, const std::string& searc
 
 SpawnedProcess spawn_process(const std::string& executable,
                              const std::vector<std::string>& command,
-                             const std::vector<std::string>& env) {
+                             const std::vector<std::string>& env, bool stdin_pipe) {
   TRIREME_CHECK(!command.empty(), "no program to start");
   std::vector<char*> argv = c_strings(command);
   std::vector<char*> envp = c_strings(env);
-  int out[2], err[2], report[2];
+  int out[2], err[2], report[2], in[2] = {-1, -1};
+  if (stdin_pipe) make_pipe(in);
   make_pipe(out);
   make_pipe(err);
   make_pipe(report);
@@ -118,14 +119,16 @@ SpawnedProcess spawn_process(const std::string& executable,
   ::sigprocmask(SIG_BLOCK, &handled, &previous);
   const pid_t pid = ::fork();
   if (pid == 0)
-    exec_child(parent, executable.c_str(), argv.data(), envp.data(), out[1], err[1],
+    exec_child(parent, executable.c_str(), argv.data(), envp.data(), in[0], out[1], err[1],
                report[1]);
   const int fork_errno = errno;
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  close_fd(in[0]);
   close_fd(out[1]);
   close_fd(err[1]);
   close_fd(report[1]);
   if (pid < 0) {
+    close_fd(in[1]);
     close_fd(out[0]);
     close_fd(err[0]);
     close_fd(report[0]);
@@ -139,6 +142,7 @@ SpawnedProcess spawn_process(const std::string& executable,
   } while (n < 0 && errno == EINTR);
   close_fd(report[0]);
   if (n > 0) {
+    close_fd(in[1]);
     close_fd(out[0]);
     close_fd(err[0]);
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -147,7 +151,7 @@ SpawnedProcess spawn_process(const std::string& executable,
   }
   ::fcntl(out[0], F_SETFL, O_NONBLOCK);
   ::fcntl(err[0], F_SETFL, O_NONBLOCK);
-  return {pid, out[0], err[0]};
+  return {pid, out[0], err[0], in[1]};
 }
 
 void signal_process_group(pid_t pid, int signal) {

@@ -1,7 +1,7 @@
 // Starting and signalling worker processes, and the agent's signal self-pipe.
 //
 // A worker runs in its own process group (so a signal reaches it and anything it
-// started), with stdin from /dev/null, stdout and stderr on pipes read by the agent, and
+// started), with stdin from /dev/null (or the standby handshake pipe), stdout and stderr on pipes read by the agent, and
 // PR_SET_PDEATHSIG=SIGKILL so that a killed agent (kill -9) leaves no orphan behind.
 #pragma once
 
@@ -16,17 +16,19 @@ struct SpawnedProcess {
   pid_t pid = -1;     // also the id of its process group
   int stdout_fd = -1; // read ends, non-blocking, close-on-exec; the caller closes them
   int stderr_fd = -1;
+  int stdin_fd = -1;  // with stdin_pipe: the write end of the child's stdin (close-on-exec)
 };
 
 // The path execve() should run for `program`: itself when it contains '/', else the
 // first executable match in the ':'-separated search_path. "" when there is none.
 std::string find_executable(const std::string& program, const std::string& search_path);
 
-// Starts command (command[0] already resolved by find_executable) with exactly env.
+// Starts command (command[0] already resolved by find_executable) with exactly env, and
+// stdin from /dev/null, or with stdin_pipe from a pipe the caller writes (launch/standby.h).
 // Throws Error naming the program when it cannot be executed.
 SpawnedProcess spawn_process(const std::string& executable,
                              const std::vector<std::string>& command,
-                             const std::vector<std::string>& env);
+                             const std::vector<std::string>& env, bool stdin_pipe = false);
 
 // Sends signal to the process group of a spawned process (ignores ones already gone).
 void signal_process_group(pid_t pid, int signal);

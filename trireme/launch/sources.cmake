@@ -6,6 +6,7 @@ target_sources(trireme_core PRIVATE
   trireme/launch/options.cpp
   trireme/launch/output.cpp
   trireme/launch/process.cpp
+  trireme/launch/standby.cpp
   trireme/launch/worker_env.cpp)
 target_sources(trireme PRIVATE
   trireme/launch/launch.cpp
