@@ -66,9 +66,10 @@ at::Device cuda_device(int local_rank) {
 // One line of metrics.jsonl.
 obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_per_s,
                             const StepTimes& times, const parallel::StepCommStats& comm,
-                            double grad_norm) {
+                            double grad_norm, int restart) {
   return obs::JsonObject()
       .add("step", step + 1)
+      .add("restart", restart)
       .add("loss", loss)
       .add("lr", lr)
       .add("tokens_per_s", tokens_per_s)
@@ -409,7 +410,7 @@ int train_worker_main(const std::vector<std::string>& args) {
       loss_curve.x.push_back(static_cast<double>(step + 1));
       loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
-      metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm));
+      metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart));
       if (!opt.quiet)
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }
