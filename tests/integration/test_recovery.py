@@ -114,6 +114,7 @@ class Recovery(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, stderr[-3000:])
         self.assertIn("restarting the workers (restart 1 of 1)", stderr)
         resumed = [l for l in stderr.splitlines() if "resumed at step" in l]
+        self.assertTrue(resumed, f"the restarted workers did not resume from a snapshot:\n{stderr[-3000:]}")
         print(f"{' '.join(layout)}: killed rank {victim} after step {killed_at}; {resumed[0].strip()}")
         self.assertIn("from memory snapshots", resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
@@ -136,7 +137,9 @@ class Recovery(unittest.TestCase):
     def test_restart_activates_standby_workers(self):
         # trireme train starts the next generation's workers ahead of time; once they are
         # up, a kill -9 restarts the job with them instead of new processes.
-        stderr = self.check(2, ["--dp", "2"], victim=1, kill_at=3, steps=400, after_standby=True)
+        # Late enough that snapshots are complete even when a loaded machine has starved
+        # their idle-priority checksum thread until the next snapshot.
+        stderr = self.check(2, ["--dp", "2"], victim=1, kill_at=40, steps=400, after_standby=True)
         self.assertIn("restarting the workers (restart 1 of 1), 2 from standby", stderr)
 
     def test_kill_during_snapshot(self):
