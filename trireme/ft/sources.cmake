@@ -1,6 +1,6 @@
 # ft/: checkpoint boxes and Reed–Solomon erasure coding (pure); the layout-independent
-# on-disk checkpoint; in-memory snapshots.
+# on-disk checkpoint; in-memory snapshots; the agents' parity exchange and rebuild.
 target_sources(trireme_core PRIVATE trireme/ft/box.cpp trireme/ft/erasure.cpp
   trireme/ft/redundancy.cpp)
-target_sources(trireme PRIVATE trireme/ft/checkpoint.cpp trireme/ft/checksum.cpp trireme/ft/resume.cpp
-  trireme/ft/snapshot.cpp)
+target_sources(trireme PRIVATE trireme/ft/checkpoint.cpp trireme/ft/checksum.cpp trireme/ft/parity_exchange.cpp
+  trireme/ft/resume.cpp trireme/ft/snapshot.cpp)
