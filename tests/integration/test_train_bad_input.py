@@ -54,6 +54,9 @@ class TrainBadInput(unittest.TestCase):
         # 2 heads cannot be split 4 ways.
         self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")
 
+    def test_standby_not_a_switch_value(self):
+        self.refuse(["--nproc-per-node", "1", "--standby", "2"] + SMALL, "--standby takes 0 or 1, got 2")
+
     def test_zero_stage_unknown(self):
         self.refuse(["--nproc-per-node", "2", "--zero", "3"] + SMALL, "--zero 3 is not a ZeRO stage")
 
