@@ -1,5 +1,5 @@
-// Snapshotter (ft/snapshot.h): two reused shared-memory slots, a crash before the commit
-// leaves the previous snapshot, and what was taken reads back exactly.
+// Snapshotter (ft/snapshot.h): three reused shared-memory slots, a crash before the commit
+// leaves the two snapshots before it, and what was taken reads back exactly.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,45 +39,52 @@ ino_t inode(const std::string& path) {
 
 }  // namespace
 
-TEST(Snapshotter, KeepsTwoNewestAndReusesTheirFiles) {
+TEST(Snapshotter, KeepsThreeNewestAndReusesTheirFiles) {
   TempDir area;
   Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
   at::Tensor weight = at::randn({64, 33});
   at::Tensor step = at::zeros({1}, at::kLong);
-  ino_t first = 0, second = 0;
-  for (int64_t s = 1; s <= 5; ++s) {
+  std::vector<ino_t> slot_inodes;
+  for (int64_t s = 1; s <= 7; ++s) {
     weight.add_(1.0);
     step.fill_(s);
     snapshots.take(s, pieces_of(weight, step));
     snapshots.wait();  // the commit
-    const std::string data = area.path + "/" + std::to_string(s) + "/data.bin";
-    if (s == 1) first = inode(data);
-    if (s == 2) second = inode(data);
-    if (s >= 3) EXPECT_EQ(inode(data), s % 2 ? first : second) << "step " << s << " did not reuse its slot";
+    const ino_t file = inode(area.path + "/" + std::to_string(s) + "/data.bin");
+    if (s <= Snapshotter::kSlots) {
+      slot_inodes.push_back(file);
+    } else {
+      EXPECT_EQ(file, slot_inodes[static_cast<size_t>((s - 1) % Snapshotter::kSlots)])
+          << "step " << s << " did not reuse its slot";
+    }
     const Checkpoint c = Checkpoint::open(area.path + "/" + std::to_string(s), /*verify_data=*/true);
     EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {64, 33}}), weight));
     EXPECT_EQ(c.read("step", {{0}, {1}}).item<int64_t>(), s);
   }
-  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{5, 4}));
-  EXPECT_EQ(std::distance(fs::directory_iterator(area.path), fs::directory_iterator{}), 2);
+  EXPECT_TRUE(snapshots.slots_ready());
+  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{7, 6, 5}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(area.path), fs::directory_iterator{}), 3);
 }
 
-TEST(Snapshotter, CrashBeforeCommitLeavesThePreviousSnapshot) {
+TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
   TempDir area;
   Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0},
-                        [](int64_t s) { if (s == 3) TRIREME_THROW(Error, "injected crash"); });
+                        [](int64_t s) { if (s == 4) TRIREME_THROW(Error, "injected crash"); });
   at::Tensor weight = at::randn({8, 8});
   at::Tensor step = at::zeros({1}, at::kLong);
-  snapshots.take(1, pieces_of(weight, step));
-  snapshots.take(2, pieces_of(weight, step));
-  const at::Tensor at_two = weight.clone();
+  for (int64_t s = 1; s <= 3; ++s) {
+    weight.add_(1.0);
+    snapshots.take(s, pieces_of(weight, step));
+  }
+  snapshots.wait();
+  const at::Tensor at_three = weight.clone();
   weight.mul_(3.0);
-  snapshots.take(3, pieces_of(weight, step));
+  snapshots.take(4, pieces_of(weight, step));
   EXPECT_THROW(snapshots.wait(), trireme::Error);
-  // Step 3 reused step 1's slot: step 1 is gone, step 3 has no manifest, step 2 is whole.
-  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{2}));
-  const Checkpoint c = Checkpoint::open(area.path + "/2", /*verify_data=*/true);
-  EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {8, 8}}), at_two));
+  // Step 4 reused step 1's slot: step 1 is gone, step 4 has no manifest, 3 and 2 are whole.
+  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{3, 2}));
+  const Checkpoint c = Checkpoint::open(area.path + "/3", /*verify_data=*/true);
+  EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {8, 8}}), at_three));
 }
 
 TEST(Snapshotter, NonContiguousPiecesAreCopiedInOrder) {

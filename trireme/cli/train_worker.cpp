@@ -395,7 +395,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     }
     world.heartbeat(step + 1);
     if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
-    // The first two snapshots of a process also create its slots: not what later ones cost.
+    // The first snapshots of a process also create its slots: not what later ones cost.
     const bool slots_ready = snapshotter && snapshotter->slots_ready();
     if (snapshotter && (step + 1) % snapshot_every == 0)
       times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);

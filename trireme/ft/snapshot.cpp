@@ -17,8 +17,8 @@
 
 namespace trireme::ft {
 
-// Two snapshots are kept: the newest may be the one a crash interrupted.
-constexpr int kSnapshotsKept = 2;
+// Every complete snapshot in a slot is kept (the slots bound how many there are).
+constexpr int kSnapshotsKept = Snapshotter::kSlots;
 
 BackgroundWriter::BackgroundWriter(WriteFn write, bool idle_priority) : write_(std::move(write)) {
   thread_ = std::thread([this, idle_priority] { run(idle_priority); });
@@ -125,7 +125,7 @@ void Snapshotter::release(Slot& slot) {
 
 Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
   Slot& slot = slots_[next_];
-  next_ ^= 1;
+  next_ = (next_ + 1) % kSlots;
   const std::string target = dir_ + "/" + std::to_string(step);
   // A slot is reused when it still exists with the right size (the state's shapes are
   // fixed, so only a first snapshot or a damaged area makes a new one).
@@ -134,8 +134,8 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
     fs::remove(target + "/manifest.json");
     return slot;
   }
-  Slot& other = slots_[next_];
-  if (other.dir == target) release(other);
+  for (Slot& other : slots_)
+    if (&other != &slot && other.dir == target) release(other);
   if (fs::exists(target)) fs::remove_all(target);  // left by an earlier generation
   if (slot.base) {
     fs::remove(slot.dir + "/manifest.json");  // the old snapshot is incomplete from here on

@@ -5,13 +5,14 @@
 //
 // A snapshot is a one-rank checkpoint (ft/checkpoint.h): DIR/<step>/data.bin, then
 // DIR/<step>/manifest.json by rename, so one that a crash interrupted has no manifest and
-// the previous complete one is used. Two are kept (double buffering), each with the magic
-// line, format version, step, layout and a CRC-32 per tensor.
+// the previous complete one is used. Three slots rotate, so two complete snapshots exist
+// while the third is written; each has the magic line, format version, step, layout and a
+// CRC-32 per tensor.
 //
-// The two data files are slots that live as long as the Snapshotter: created, sized
+// The three data files are slots that live as long as the Snapshotter: created, sized
 // (fallocate, so a full /dev/shm is an error here, not a SIGBUS later) and mapped once,
 // then reused. take() waits for the previous snapshot's commit, picks the slot holding the
-// older snapshot, removes that snapshot's manifest, renames its directory to the new step
+// oldest snapshot, removes that snapshot's manifest, renames its directory to the new step
 // and copies every tensor straight into the mapping: one pass over the state, no page
 // allocation (a write() into a fresh tmpfs file costs ~3x the copy, nearly all of it page
 // allocation). A parameter must not change before it has been copied, so take() runs
@@ -25,7 +26,9 @@
 // fsync) on its own thread.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
+#include <iterator>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -81,13 +84,21 @@ class Snapshotter : public BackgroundWriter {
   Snapshotter(std::string dir, CheckpointLayout layout, std::function<void(int64_t)> before_commit = {});
   ~Snapshotter() override;
 
-  // Waits for the previous snapshot's commit, copies `pieces` into the older slot and
+  // Waits for the previous snapshot's commit, copies `pieces` into the oldest slot and
   // queues its checksums and commit as step `step`. Returns the microseconds the caller
   // was held. Throws Error (no space in the snapshot area, a failed earlier commit).
   double take(int64_t step, const std::vector<SavedPiece>& pieces) override;
 
-  // Whether both slots exist: a take() before that also creates (allocates) one.
-  bool slots_ready() const { return slots_[0].base && slots_[1].base; }
+  // Whether every slot exists: a take() before that also creates (allocates) one.
+  bool slots_ready() const {
+    return std::all_of(std::begin(slots_), std::end(slots_), [](const Slot& s) { return s.base != nullptr; });
+  }
+
+  // Three slots: while one is being written (and, its copy done, checksummed), the two
+  // before it are complete. Two complete ones are what recovery needs: ranks can be one
+  // snapshot apart when a failure stops them (a rank's commit of S-1 still pending while
+  // its peer, already past S-1, is copying S), and the ranks must share a complete step.
+  static constexpr int kSlots = 3;
 
   // The steps of this rank's complete snapshots under `dir`, newest first (each one's
   // manifest, magic line and lengths verified; slices' CRCs are checked when read).
@@ -106,7 +117,7 @@ class Snapshotter : public BackgroundWriter {
   std::string dir_;
   CheckpointLayout layout_;
   std::function<void(int64_t)> before_commit_;
-  Slot slots_[2];
+  Slot slots_[kSlots];
   int next_ = 0;
 };
 
