@@ -403,7 +403,8 @@ int train_worker_main(const std::vector<std::string>& args) {
       times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
     // Overhead: the stall spread over the steps of one snapshot interval.
-    if (times.snapshot_us > 0 && slots_ready) last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
+    if (times.snapshot_us > 0 && slots_ready)
+      last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {

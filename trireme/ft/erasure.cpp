@@ -58,7 +58,8 @@ void ErasureCode::reconstruct(const std::vector<uint8_t*>& blocks, const std::ve
     if (!missing[static_cast<size_t>(i)]) continue;
     for (int c = 0; c < k_; ++c) {
       uint8_t sum = 0;
-      for (int j = 0; j < k_; ++j) sum ^= gf_mul(matrix_[static_cast<size_t>(i * k_ + j)], inverse[static_cast<size_t>(j * k_ + c)]);
+      for (int j = 0; j < k_; ++j)
+        sum ^= gf_mul(matrix_[static_cast<size_t>(i * k_ + j)], inverse[static_cast<size_t>(j * k_ + c)]);
       decode.push_back(sum);
     }
     outputs.push_back(blocks[static_cast<size_t>(i)]);

@@ -80,7 +80,8 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
     auto& blocks = incoming[j];
     blocks.assign(static_cast<size_t>(g.k), std::vector<uint8_t>(held.block));
     const std::vector<BlockRef> refs = g.codeword(j);
-    for (int p = 0; p < g.k; ++p) transfers.recv(blocks[static_cast<size_t>(p)], refs[static_cast<size_t>(p)].machine, tag_of(g, j, p));
+    for (int p = 0; p < g.k; ++p)
+      transfers.recv(blocks[static_cast<size_t>(p)], refs[static_cast<size_t>(p)].machine, tag_of(g, j, p));
   }
   // This machine's data blocks: to every parity keeper of their codeword.
   std::vector<std::vector<uint8_t>> outgoing;
@@ -135,7 +136,8 @@ std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int
   outgoing.reserve(static_cast<size_t>(g.size() * (g.k + g.m)));
   for (int j = 0; j < g.size(); ++j) {
     const std::vector<BlockRef> refs = g.codeword(j);
-    const bool affected = std::any_of(refs.begin(), refs.begin() + g.k, [&](const BlockRef& r) { return is_lost(r.machine); });
+    const bool affected =
+        std::any_of(refs.begin(), refs.begin() + g.k, [&](const BlockRef& r) { return is_lost(r.machine); });
     if (!affected) continue;
     if (machine == rebuilder) codewords[j].assign(refs.size(), std::vector<uint8_t>(held.block));
     for (size_t pos = 0; pos < refs.size(); ++pos) {
