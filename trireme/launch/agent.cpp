@@ -128,6 +128,7 @@ class Agent {
   std::string worker_name(const Worker& w) const;
 
   std::optional<LaunchResult> join();
+  Worker start_worker(int local, int generation, bool standby) const;
   std::optional<Event> spawn_workers(int restart);
   void spawn_standby(int generation);
   void end_standby();
@@ -323,12 +324,33 @@ std::optional<LaunchResult> Agent::join() {
 
 // ---- step 2: spawn -----------------------------------------------------------------------
 
-std::optional<Event> Agent::spawn_workers(int restart) {
+// Starts local worker `local` of generation `generation` (a standby when `standby`: it
+// waits in await_activation() for one byte on its stdin). Throws Error naming the
+// program when it cannot be executed.
+Worker Agent::start_worker(int local, int generation, bool standby) const {
   const char* path = std::getenv("PATH");
-  const std::string program = options_.command.front();
+  const std::string& program = options_.command.front();
   const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
-  const JobInfo job{store_.host, store_.port, run_id_, restart, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
-  const std::vector<std::string> base = current_environment();
+  TRIREME_CHECK(!executable.empty(), "cannot execute '", program, "': no such executable file (or not on PATH)");
+  const JobInfo job{store_.host, store_.port, run_id_, generation, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
+  std::vector<std::string> env = worker_environment(current_environment(), options_, local, job);
+  if (standby) env.push_back(std::string(kStandbyEnv) + "=1");
+  const SpawnedProcess p = spawn_process(executable, options_.command, env, /*stdin_pipe=*/standby);
+  Worker w;
+  w.local_rank = local;
+  w.rank = options_.node_rank * options_.nproc_per_node + local;
+  w.generation = generation;
+  w.pid = p.pid;
+  w.fds[0] = p.stdout_fd;
+  w.fds[1] = p.stderr_fd;
+  w.go_fd = p.stdin_fd;
+  w.lines[0].emplace(rank_prefix(w.rank));
+  w.lines[1].emplace(rank_prefix(w.rank));
+  w.running = true;
+  return w;
+}
+
+std::optional<Event> Agent::spawn_workers(int restart) {
   generation_start_ = Clock::now();
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     // A standby started for this generation becomes the worker: one byte on its stdin.
@@ -345,26 +367,14 @@ std::optional<Event> Agent::spawn_workers(int restart) {
         continue;
       }
     }
-    Worker w;
-    w.local_rank = local;
-    w.rank = options_.node_rank * options_.nproc_per_node + local;
     try {
-      TRIREME_CHECK(!executable.empty(), "cannot execute '", program,
-                    "': no such executable file (or not on PATH)");
-      const SpawnedProcess p =
-          spawn_process(executable, options_.command,
-                        worker_environment(base, options_, local, job));
-      w.pid = p.pid;
-      w.fds[0] = p.stdout_fd;
-      w.fds[1] = p.stderr_fd;
+      workers_.push_back(start_worker(local, restart, /*standby=*/false));
     } catch (const Error& e) {
-      return Event{Ending::kWorkerFailed, worker_name(w) + ": " + e.what()};
+      Worker named;  // worker_name() needs only the ranks
+      named.local_rank = local;
+      named.rank = options_.node_rank * options_.nproc_per_node + local;
+      return Event{Ending::kWorkerFailed, worker_name(named) + ": " + e.what()};
     }
-    w.lines[0].emplace(rank_prefix(w.rank));
-    w.lines[1].emplace(rank_prefix(w.rank));
-    w.running = true;
-    w.generation = restart;
-    workers_.push_back(std::move(w));
   }
   end_standby();  // any left over were for another generation
   return std::nullopt;
@@ -373,30 +383,12 @@ std::optional<Event> Agent::spawn_workers(int restart) {
 // Starts generation `generation`'s workers ahead of time, waiting in await_activation().
 // Best effort: a standby that cannot start leaves that worker to be started on restart.
 void Agent::spawn_standby(int generation) {
-  const char* path = std::getenv("PATH");
-  const std::string executable = find_executable(options_.command.front(), path ? path : "/usr/bin:/bin");
-  if (executable.empty()) return;
-  const JobInfo job{store_.host, store_.port, run_id_, generation, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
   for (int local = 0; local < options_.nproc_per_node; ++local) {
-    Worker w;
-    w.local_rank = local;
-    w.rank = options_.node_rank * options_.nproc_per_node + local;
-    w.generation = generation;
     try {
-      std::vector<std::string> env = worker_environment(current_environment(), options_, local, job);
-      env.push_back(std::string(kStandbyEnv) + "=1");
-      const SpawnedProcess p = spawn_process(executable, options_.command, env, /*stdin_pipe=*/true);
-      w.pid = p.pid;
-      w.fds[0] = p.stdout_fd;
-      w.fds[1] = p.stderr_fd;
-      w.go_fd = p.stdin_fd;
+      standby_.push_back(start_worker(local, generation, /*standby=*/true));
     } catch (const Error&) {
-      continue;
+      // started fresh on restart instead, where a failure is reported
     }
-    w.lines[0].emplace(rank_prefix(w.rank));
-    w.lines[1].emplace(rank_prefix(w.rank));
-    w.running = true;
-    standby_.push_back(std::move(w));
   }
 }
 

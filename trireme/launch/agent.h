@@ -10,9 +10,9 @@
 // With --max-restarts R, a worker that fails in step 3 makes its agent set restart/G and
 // stop its workers; the other agents see the key and stop theirs; all meet at a counter
 // (restart/G/stopped, the last sets restart/G/go) and go back to step 2 with
-// TORCHELASTIC_RESTART_COUNT = G, up to R times. The agent also owns the node's snapshot area (TRIREME_SNAPSHOT_DIR, a
-// directory in /dev/shm, or under TRIREME_SNAPSHOT_ROOT, that survives the workers), made
-// after step 1 and removed in 4.
+// TORCHELASTIC_RESTART_COUNT = G, up to R times. The agent also owns the node's snapshot
+// area (TRIREME_SNAPSHOT_DIR, a directory in /dev/shm, or under TRIREME_SNAPSHOT_ROOT,
+// that survives the workers), made after step 1 and removed in 4.
 #pragma once
 
 #include "trireme/launch/agent_channel.h"

@@ -36,12 +36,13 @@ inline constexpr const char* kAllDone = "trireme/agents/all_done";
 // A worker's one-line role ("pipeline stage 1 of 2, data-parallel replica 0"), set by the
 // worker (dist::World::announce_role) and named by the agent when that worker fails.
 inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank); }
-// A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
-// through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
-// for --heartbeat-timeout seconds; workers that never set it are not watched.
+// The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
 inline std::string restart_go(int generation) { return restart(generation) + "/go"; }
+// A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
+// through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
+// for --heartbeat-timeout seconds; workers that never set it are not watched.
 inline std::string heartbeat(int generation, int rank) {
   return "trireme/heartbeat/" + std::to_string(generation) + "/" + std::to_string(rank);
 }

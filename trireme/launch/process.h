@@ -1,8 +1,9 @@
 // Starting and signalling worker processes, and the agent's signal self-pipe.
 //
 // A worker runs in its own process group (so a signal reaches it and anything it
-// started), with stdin from /dev/null (or the standby handshake pipe), stdout and stderr on pipes read by the agent, and
-// PR_SET_PDEATHSIG=SIGKILL so that a killed agent (kill -9) leaves no orphan behind.
+// started), with stdin from /dev/null (or the standby handshake pipe), stdout and stderr
+// on pipes read by the agent, and PR_SET_PDEATHSIG=SIGKILL so that a killed agent
+// (kill -9) leaves no orphan behind.
 #pragma once
 
 #include <sys/types.h>
