@@ -69,6 +69,20 @@ TEST(ErasureCode, RebuildsEveryPatternOfUpToMLostBlocks) {
   }
 }
 
+TEST(ErasureCode, OneParityBlockEqualsItsRowOfTheFullEncode) {
+  const ErasureCode code(3, 2);
+  const Blocks full = encoded(code, 640, 11);
+  std::vector<const uint8_t*> data;
+  for (int i = 0; i < code.k(); ++i) data.push_back(full.bytes[i].data());
+  for (int r = 0; r < code.m(); ++r) {
+    std::vector<uint8_t> one(640, 0xAA);
+    code.encode_one(data, r, one.data(), 640);
+    EXPECT_EQ(one, full.bytes[static_cast<size_t>(code.k() + r)]) << "parity " << r;
+  }
+  std::vector<uint8_t> out(640);
+  EXPECT_THROW(code.encode_one(data, 2, out.data(), 640), trireme::InvalidArgument);
+}
+
 TEST(ErasureCode, ParityIsNotACopyOfTheData) {
   // 2+1 over distinct blocks: the parity is neither block (a code that only copied would
   // pass the rebuild test for k = 1 but not protect k > 1).

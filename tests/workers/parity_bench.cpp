@@ -40,21 +40,19 @@ int main(int argc, char** argv) {
   const trireme::ft::RedundancyPlan plan = trireme::ft::RedundancyPlan::make(machines, k, m);
   const trireme::ft::RedundancyGroup& group = plan.groups.front();
 
-  // Encode alone: one codeword's parity from k blocks (what a machine computes per parity
-  // block it keeps).
+  // Encode alone: what one machine computes per round, one parity block (from k data
+  // blocks) for each of the m it keeps.
   const size_t block = trireme::ft::Stripe::of(bytes, group.k).block;
   std::vector<std::vector<uint8_t>> data(static_cast<size_t>(group.k), std::vector<uint8_t>(block, 7));
-  std::vector<std::vector<uint8_t>> parity(static_cast<size_t>(group.m), std::vector<uint8_t>(block));
+  std::vector<uint8_t> parity(block);
   std::vector<const uint8_t*> in;
-  std::vector<uint8_t*> out;
   for (auto& d : data) in.push_back(d.data());
-  for (auto& p : parity) out.push_back(p.data());
   const trireme::ft::ErasureCode code(group.k, group.m);
   std::vector<double> encode_s;
-  for (int r = 0; r < rounds; ++r) {
+  for (int round = 0; round < rounds; ++round) {
     const auto start = std::chrono::steady_clock::now();
-    code.encode(in, out, block);
-    encode_s.push_back(seconds_since(start) * group.m);  // a machine keeps m parity blocks
+    for (int r = 0; r < group.m; ++r) code.encode_one(in, r, parity.data(), block);
+    encode_s.push_back(seconds_since(start));
   }
 
   std::mutex mutex;

@@ -29,6 +29,18 @@ void ErasureCode::encode(const std::vector<const uint8_t*>& data, const std::vec
   ec_encode_data(static_cast<int>(bytes), k_, m_, const_cast<unsigned char*>(tables_.data()), in.data(), out.data());
 }
 
+void ErasureCode::encode_one(const std::vector<const uint8_t*>& data, int index, uint8_t* parity,
+                             size_t bytes) const {
+  TRIREME_CHECK(static_cast<int>(data.size()) == k_ && index >= 0 && index < m_, "erasure code ", k_, "+", m_,
+                ": got ", data.size(), " data blocks for parity block ", index);
+  if (bytes == 0) return;
+  std::vector<unsigned char*> in(data.size());
+  for (size_t i = 0; i < data.size(); ++i) in[i] = const_cast<unsigned char*>(data[i]);  // ISA-L only reads them
+  // The expanded tables hold one 32 x k run per parity row, in order.
+  auto* row = const_cast<unsigned char*>(tables_.data()) + static_cast<size_t>(32 * k_ * index);
+  ec_encode_data(static_cast<int>(bytes), k_, 1, row, in.data(), &parity);
+}
+
 void ErasureCode::reconstruct(const std::vector<uint8_t*>& blocks, const std::vector<int>& lost, size_t bytes) const {
   const int n = k_ + m_;
   TRIREME_CHECK(static_cast<int>(blocks.size()) == n, "erasure code ", k_, "+", m_, ": got ", blocks.size(),

@@ -24,6 +24,8 @@ class ErasureCode {
 
   // Writes the m parity blocks from the k data blocks, each `bytes` long.
   void encode(const std::vector<const uint8_t*>& data, const std::vector<uint8_t*>& parity, size_t bytes) const;
+  // Only parity block `index` (0..m-1): what a machine that keeps that one block computes.
+  void encode_one(const std::vector<const uint8_t*>& data, int index, uint8_t* parity, size_t bytes) const;
 
   // blocks: all k + m blocks in order (data, then parity), each `bytes` long; the ones
   // whose indices are in `lost` are overwritten with their rebuilt contents from the

@@ -83,17 +83,16 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
     for (int p = 0; p < g.k; ++p)
       transfers.recv(blocks[static_cast<size_t>(p)], refs[static_cast<size_t>(p)].machine, tag_of(g, j, p));
   }
-  // This machine's data blocks: to every parity keeper of their codeword.
+  // This machine's data blocks, each cut once, to every parity keeper of its codeword.
   std::vector<std::vector<uint8_t>> outgoing;
-  outgoing.reserve(static_cast<size_t>(g.k * g.m));
+  outgoing.reserve(static_cast<size_t>(g.k));
   for (int j = 0; j < g.size(); ++j) {
     const std::vector<BlockRef> refs = g.codeword(j);
     for (int p = 0; p < g.k; ++p) {
       if (refs[static_cast<size_t>(p)].machine != machine) continue;
-      for (int r = 0; r < g.m; ++r) {
-        outgoing.push_back(block_of(bytes, size, held.block, refs[static_cast<size_t>(p)].index));
+      outgoing.push_back(block_of(bytes, size, held.block, refs[static_cast<size_t>(p)].index));
+      for (int r = 0; r < g.m; ++r)
         transfers.send(outgoing.back(), refs[static_cast<size_t>(g.k + r)].machine, tag_of(g, j, p));
-      }
     }
   }
   transfers.wait("parity exchange");
@@ -101,11 +100,11 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
   for (auto& [j, indices] : kept_parity) {
     std::vector<const uint8_t*> data;
     for (auto& b : incoming[j]) data.push_back(b.data());
-    std::vector<std::vector<uint8_t>> parity(static_cast<size_t>(g.m), std::vector<uint8_t>(held.block));
-    std::vector<uint8_t*> out;
-    for (auto& b : parity) out.push_back(b.data());
-    code.encode(data, out, held.block);
-    for (int r : indices) held.parity[{j, r}] = std::move(parity[static_cast<size_t>(r)]);
+    for (int r : indices) {  // only the parity blocks kept here
+      std::vector<uint8_t>& parity = held.parity[{j, r}];
+      parity.resize(held.block);
+      code.encode_one(data, r, parity.data(), held.block);
+    }
   }
   return held;
 }
