@@ -115,9 +115,7 @@ std::string write_shard(const std::string& dir, const std::string& file, const s
   uint64_t offset = kMagicBytes;
   json entries = json::array();
   for (const SavedPiece& piece : pieces) {
-    const at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
-    TRIREME_CHECK(data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ",
-                  data.numel(), " elements for box ", describe(piece.box));
+    const at::Tensor data = host_data(piece);
     const size_t n = data.nbytes();
     held.push_back(data);
     buffers.emplace_back(static_cast<const char*>(data.data_ptr()), n);
@@ -167,6 +165,13 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
 
 }  // namespace
 
+at::Tensor host_data(const SavedPiece& piece) {
+  at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
+  TRIREME_CHECK(data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ", data.numel(),
+                " elements for box ", describe(piece.box));
+  return data;
+}
+
 std::vector<int64_t> checkpoint_steps(const std::string& root) {
   std::vector<int64_t> steps;
   std::error_code ec;
@@ -180,7 +185,6 @@ std::vector<int64_t> checkpoint_steps(const std::string& root) {
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
-
 
 void write_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                       const std::vector<SavedPiece>& pieces, dist::World& world, int keep) {

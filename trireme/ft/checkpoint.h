@@ -53,6 +53,10 @@ struct SavedPiece {
   at::Tensor data;
 };
 
+// A piece's bytes as written: its data contiguous on the host (a copy only where it is
+// not already), checked against its box. Throws InvalidArgument on a mismatch.
+at::Tensor host_data(const SavedPiece& piece);
+
 // Writes step `step` under `root`: every rank its pieces, in parallel, then rank 0 the
 // manifest (by rename) and removes all but the newest `keep` checkpoints. A collective
 // over `world`. Throws CommError/Error on failure; a half-written checkpoint has no

@@ -15,10 +15,7 @@
 namespace trireme::ft {
 namespace {
 
-struct Optimizer {
-  int64_t step = 0;  // 0: no state
-  at::Tensor exp_avg, exp_avg_sq;
-};
+using Optimizer = parallel::AdamWState;
 
 // AdamW's state of each local parameter, by TensorImpl. Under ZeRO a collective over the
 // data-parallel group.
@@ -27,14 +24,10 @@ std::map<const void*, Optimizer> optimizer_state(const TrainingState& s) {
   if (s.zero) {
     const auto states = s.zero->gather_state();
     const auto& params = s.zero->data_parallel().parameters();
-    for (size_t p = 0; p < params.size(); ++p)
-      out[params[p].unsafeGetTensorImpl()] = {states[p].step, states[p].exp_avg, states[p].exp_avg_sq};
+    for (size_t p = 0; p < params.size(); ++p) out[params[p].unsafeGetTensorImpl()] = states[p];
     return out;
   }
-  for (const auto& [key, state] : s.adamw->state()) {
-    const auto& a = static_cast<const torch::optim::AdamWParamState&>(*state);
-    out[key] = {a.step(), a.exp_avg(), a.exp_avg_sq()};
-  }
+  for (const auto& [key, state] : s.adamw->state()) out[key] = parallel::adamw_state(*s.adamw, key);
   return out;
 }
 
@@ -141,20 +134,14 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
     std::vector<parallel::ZeroOptimizer::ParamState> states(params.size());
     for (size_t p = 0; p < params.size(); ++p) {
       auto it = optimizer.find(params[p].unsafeGetTensorImpl());
-      if (it != optimizer.end()) states[p] = {it->second.step, it->second.exp_avg, it->second.exp_avg_sq};
+      if (it != optimizer.end()) states[p] = it->second;
     }
     s.zero->load_state(states);
   } else {
     for (const auto& [name, param] : s.parameters) {
-      void* key = param.unsafeGetTensorImpl();
-      s.adamw->state().erase(key);
+      const void* key = param.unsafeGetTensorImpl();
       auto it = optimizer.find(key);
-      if (it == optimizer.end()) continue;
-      auto state = std::make_unique<torch::optim::AdamWParamState>();
-      state->step(it->second.step);
-      state->exp_avg(it->second.exp_avg);
-      state->exp_avg_sq(it->second.exp_avg_sq);
-      s.adamw->state()[key] = std::move(state);
+      parallel::set_adamw_state(*s.adamw, key, it == optimizer.end() ? Optimizer{} : it->second);
     }
   }
   const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());

@@ -170,12 +170,8 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   std::vector<at::Tensor> sources;  // contiguous CPU views (copies only where they must be)
   size_t bytes = shard_magic().size();
   for (const SavedPiece& piece : pieces) {
-    at::Tensor data = piece.data.detach();
-    if (!data.device().is_cpu() || !data.is_contiguous()) data = data.to(at::kCPU).contiguous();
-    TRIREME_CHECK(data.numel() == piece.box.numel(), "snapshot piece ", piece.name, " has ", data.numel(),
-                  " elements for box ", describe(piece.box));
-    bytes += data.nbytes();
-    sources.push_back(std::move(data));
+    sources.push_back(host_data(piece));
+    bytes += sources.back().nbytes();
   }
   fs::create_directories(dir_);
   Slot& slot = claim(step, bytes);

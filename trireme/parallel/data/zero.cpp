@@ -18,6 +18,23 @@ int64_t adamw_state_bytes(const torch::optim::AdamW& optimizer) {
   return bytes;
 }
 
+AdamWState adamw_state(const torch::optim::AdamW& optimizer, const void* key) {
+  auto it = optimizer.state().find(const_cast<void*>(key));
+  if (it == optimizer.state().end()) return {};
+  const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+  return {s.step(), s.exp_avg(), s.exp_avg_sq()};
+}
+
+void set_adamw_state(torch::optim::AdamW& optimizer, const void* key, const AdamWState& state) {
+  optimizer.state().erase(const_cast<void*>(key));
+  if (state.step == 0) return;
+  auto kept = std::make_unique<torch::optim::AdamWParamState>();
+  kept->step(state.step);
+  kept->exp_avg(state.exp_avg);
+  kept->exp_avg_sq(state.exp_avg_sq);
+  optimizer.state()[const_cast<void*>(key)] = std::move(kept);
+}
+
 ZeroOptimizer::ZeroOptimizer(DataParallel& dp, int stage, const torch::optim::AdamWOptions& options)
     : dp_(dp), stage_(stage) {
   TRIREME_CHECK(stage == 1 || stage == 2, "--zero ", stage, " is not a ZeRO stage; use 1 or 2");
@@ -135,13 +152,10 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
   std::vector<ParamState> states(params.size());
   // Steps: each piece's owner reports its parameter's step; the maximum is the step.
   at::Tensor steps = at::zeros({static_cast<int64_t>(params.size())}, at::kLong);
-  const auto state_of = [&](size_t i) -> const torch::optim::AdamWParamState* {
-    auto it = adamw_->state().find(pieces_[i].unsafeGetTensorImpl());
-    return it == adamw_->state().end() ? nullptr
-                                       : static_cast<const torch::optim::AdamWParamState*>(it->second.get());
-  };
+  std::vector<AdamWState> own;  // this rank's pieces'
+  for (const at::Tensor& piece : pieces_) own.push_back(adamw_state(*adamw_, piece.unsafeGetTensorImpl()));
   for (size_t i = 0; i < layout_.size(); ++i)
-    if (const auto* s = state_of(i)) steps[static_cast<int64_t>(layout_[i].param)] = s->step();
+    if (own[i].step > 0) steps[static_cast<int64_t>(layout_[i].param)] = own[i].step;
   if (dp_.group()->getSize() > 1) {
     std::vector<at::Tensor> buffer{steps.to(params.front().device())};
     c10d::AllreduceOptions max;
@@ -156,9 +170,8 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
   }
   for (int moment = 0; moment < 2; ++moment) {
     const auto value = [&](size_t i) {
-      const auto* s = state_of(i);
-      if (!s) return at::zeros_like(pieces_[i]);
-      return moment == 0 ? s->exp_avg() : s->exp_avg_sq();
+      if (own[i].step == 0) return at::zeros_like(pieces_[i]);
+      return moment == 0 ? own[i].exp_avg : own[i].exp_avg_sq;
     };
     const auto destination = [&](size_t p) {
       return (moment == 0 ? states[p].exp_avg : states[p].exp_avg_sq).view(-1);
@@ -177,12 +190,7 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
 
 std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::piece_states() const {
   std::vector<ParamState> out(pieces_.size());
-  for (size_t i = 0; i < pieces_.size(); ++i) {
-    auto it = adamw_->state().find(pieces_[i].unsafeGetTensorImpl());
-    if (it == adamw_->state().end()) continue;
-    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-    out[i] = {s.step(), s.exp_avg(), s.exp_avg_sq()};
-  }
+  for (size_t i = 0; i < pieces_.size(); ++i) out[i] = adamw_state(*adamw_, pieces_[i].unsafeGetTensorImpl());
   return out;
 }
 
@@ -190,16 +198,12 @@ void ZeroOptimizer::load_piece_states(const std::vector<ParamState>& states) {
   TRIREME_CHECK(states.size() == pieces_.size(), "ZeRO: ", states.size(), " piece states for ", pieces_.size(),
                 " pieces (a snapshot of another layout)");
   for (size_t i = 0; i < pieces_.size(); ++i) {
-    void* key = pieces_[i].unsafeGetTensorImpl();
-    adamw_->state().erase(key);
-    if (states[i].step == 0) continue;
-    TRIREME_CHECK(states[i].exp_avg.numel() == pieces_[i].numel(), "ZeRO: piece ", i, " has ",
-                  pieces_[i].numel(), " elements, its saved state ", states[i].exp_avg.numel());
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(states[i].step);
-    state->exp_avg(states[i].exp_avg.to(pieces_[i].device()));
-    state->exp_avg_sq(states[i].exp_avg_sq.to(pieces_[i].device()));
-    adamw_->state()[key] = std::move(state);
+    const ParamState& s = states[i];
+    TRIREME_CHECK(s.step == 0 || s.exp_avg.numel() == pieces_[i].numel(), "ZeRO: piece ", i, " has ",
+                  pieces_[i].numel(), " elements, its saved state ", s.exp_avg.numel());
+    const at::Device device = pieces_[i].device();
+    set_adamw_state(*adamw_, pieces_[i].unsafeGetTensorImpl(),
+                    s.step == 0 ? AdamWState{} : AdamWState{s.step, s.exp_avg.to(device), s.exp_avg_sq.to(device)});
   }
 }
 
@@ -209,14 +213,11 @@ void ZeroOptimizer::load_state(const std::vector<ParamState>& states) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < layout_.size(); ++i) {
     const ParamState& s = states[layout_[i].param];
-    const void* key = pieces_[i].unsafeGetTensorImpl();
-    adamw_->state().erase(const_cast<void*>(key));
-    if (s.step == 0) continue;
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(s.step);
-    state->exp_avg(s.exp_avg.reshape(-1).narrow(0, layout_[i].param_offset, layout_[i].length).clone());
-    state->exp_avg_sq(s.exp_avg_sq.reshape(-1).narrow(0, layout_[i].param_offset, layout_[i].length).clone());
-    adamw_->state()[const_cast<void*>(key)] = std::move(state);
+    const auto mine = [&](const at::Tensor& whole) {  // this piece's part of a parameter's moment
+      return whole.reshape(-1).narrow(0, layout_[i].param_offset, layout_[i].length).clone();
+    };
+    set_adamw_state(*adamw_, pieces_[i].unsafeGetTensorImpl(),
+                    s.step == 0 ? AdamWState{} : AdamWState{s.step, mine(s.exp_avg), mine(s.exp_avg_sq)});
   }
 }
 

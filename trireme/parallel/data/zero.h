@@ -39,6 +39,16 @@ namespace trireme::parallel {
 // Bytes of AdamW state (exp_avg, exp_avg_sq, max_exp_avg_sq) held by `optimizer`.
 int64_t adamw_state_bytes(const torch::optim::AdamW& optimizer);
 
+// AdamW's state of one tensor, as checkpoints and snapshots keep it.
+struct AdamWState {
+  int64_t step = 0;  // 0: no state yet (the tensors are then undefined)
+  at::Tensor exp_avg, exp_avg_sq;
+};
+// The state `optimizer` holds for the tensor whose TensorImpl is `key` (step 0 if none).
+AdamWState adamw_state(const torch::optim::AdamW& optimizer, const void* key);
+// Replaces that state with `state` (the tensors as given); step 0 removes it.
+void set_adamw_state(torch::optim::AdamW& optimizer, const void* key, const AdamWState& state);
+
 class ZeroOptimizer {
  public:
   // `dp` must use Reduction::kReduceScatter for stage 2, kAllReduce for stage 1, and keep
@@ -65,10 +75,7 @@ class ZeroOptimizer {
   void zero_grad();
 
   // AdamW's state of one whole (rank-local) parameter, for checkpoints.
-  struct ParamState {
-    int64_t step = 0;  // 0: no state yet (the tensors are then undefined)
-    at::Tensor exp_avg, exp_avg_sq;
-  };
+  using ParamState = AdamWState;
   // Every parameter's state, assembled from the ranks' pieces (aligned with
   // dp.parameters()). A collective over the data-parallel group.
   std::vector<ParamState> gather_state();
