@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
       agents->barrier()->wait();
       const double exchanged = seconds_since(start);
       start = std::chrono::steady_clock::now();
-      trireme::ft::rebuild_lost(plan, machine, {group.machines.back()}, mine.data(), held, agents);
+      trireme::ft::rebuild_lost(plan, machine, {group.machines.back()}, mine.data(), held, agents,
+                                trireme::ft::machines_as_ranks(machines));
       agents->barrier()->wait();
       const double rebuilt = seconds_since(start);
       if (machine == 0) {

@@ -4,12 +4,35 @@
 #include "trireme/common/error.h"
 
 namespace trireme::cli {
+namespace {
+
+// "N" or "MIN:MAX".
+void parse_nnodes(const std::string& text, launch::LaunchOptions* options) {
+  const auto colon = text.find(':');
+  const auto number = [&](const std::string& part) {
+    TRIREME_CHECK(!part.empty() && part.find_first_not_of("0123456789") == std::string::npos && part.size() < 7,
+                  "--nnodes takes N or MIN:MAX (e.g. 2:3), got '", text, "'");
+    return std::stoi(part);
+  };
+  if (colon == std::string::npos) {
+    options->nnodes = number(text);
+    options->nnodes_min = 0;
+    return;
+  }
+  options->nnodes_min = number(text.substr(0, colon));
+  options->nnodes = number(text.substr(colon + 1));
+  TRIREME_CHECK(options->nnodes_min >= 1, "--nnodes ", text, ": MIN must be at least 1");
+}
+
+}  // namespace
 
 void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
   launch::LaunchOptions& o = flags->options;
   parser.add("nproc-per-node", &o.nproc_per_node, "workers to start on this node");
-  parser.add("nnodes", &o.nnodes, "nodes (agents) in the job");
-  parser.add("node-rank", &o.node_rank, "this node's index, 0..nnodes-1; node 0 hosts --rdzv");
+  parser.add("nnodes", &flags->nnodes,
+             "nodes (agents) in the job: N, or MIN:MAX for an elastic job that goes on while MIN remain "
+             "after machines are lost and takes nodes that join back up to MAX");
+  parser.add("node-rank", &o.node_rank, "this node's id, 0..MAX-1; node 0 hosts --rdzv");
   parser.add("rdzv", &flags->rdzv,
              "HOST:PORT of node 0's rendezvous store, the same on every node "
              "(default: an ephemeral port on 127.0.0.1, single node only)");
@@ -22,11 +45,20 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
              "kill (and, with --max-restarts, restart) a worker whose progress heartbeat stalls this many seconds (0: off)");
   parser.add("join-timeout", &o.join_timeout_s,
              "seconds to wait for all nodes to join the rendezvous");
+  parser.add("node-timeout", &o.node_timeout_s,
+             "seconds without an agent's heartbeat after which its machine counts as lost (default 5)");
+  parser.add("grace-seconds", &o.preemption_grace_s,
+             "SIGTERM to an agent of an elastic job is a spot preemption notice: its workers get this long "
+             "to finish their step before it leaves the job (default 30)");
+  parser.add("redundancy", &o.redundancy,
+             "K+M: protect in-memory snapshots across machines with Reed-Solomon coding in groups of K data "
+             "+ M parity machines, so any M machines of a group may be lost (1+1: mirror to a neighbour)");
 }
 
 launch::LaunchOptions finish_launch_flags(const LaunchFlags& flags,
                                           std::vector<std::string> command) {
   launch::LaunchOptions options = flags.options;
+  if (!flags.nnodes.empty()) parse_nnodes(flags.nnodes, &options);
   if (!flags.rdzv.empty())
     parse_host_port("rdzv", flags.rdzv, &options.rdzv_host, &options.rdzv_port);
   options.command = std::move(command);

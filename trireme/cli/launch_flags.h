@@ -1,7 +1,8 @@
 // The launcher's flags, shared by `trireme run` and `trireme train` (which starts its own
 // workers through the launcher):
-//   --nproc-per-node N  --nnodes K  --node-rank R  --rdzv HOST:PORT
-//   --max-restarts M  --standby 0|1  --join-timeout SECONDS
+//   --nproc-per-node N  --nnodes K|MIN:MAX  --node-rank R  --rdzv HOST:PORT
+//   --max-restarts M  --standby 0|1  --join-timeout SECONDS  --node-timeout SECONDS
+//   --grace-seconds SECONDS  --redundancy K+M
 // Usage:
 //   FlagParser parser("trireme train");
 //   LaunchFlags launch_flags;
@@ -22,6 +23,7 @@ namespace trireme::cli {
 struct LaunchFlags {
   launch::LaunchOptions options;
   std::string rdzv;  // HOST:PORT as given; empty when --rdzv was not given
+  std::string nnodes;  // N or MIN:MAX as given; empty when --nnodes was not given
   int standby = -1;  // --standby 0|1; -1: the command's default
 };
 

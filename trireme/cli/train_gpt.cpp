@@ -59,6 +59,21 @@ int train_main(const std::vector<std::string>& args) {
   const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
 
   const int world_size = launch_options.nproc_per_node * launch_options.nnodes;
+  if (launch::elastic(launch_options)) {
+    // Every size the job may shrink to must run: tp and pp stay, dp follows the nodes.
+    TRIREME_CHECK(opt.dp == 0, "--dp is chosen per generation in an elastic job (--nnodes MIN:MAX); drop --dp");
+    TRIREME_CHECK(opt.zero == 0, "--zero with --nnodes MIN:MAX: resharding ZeRO's optimizer state into another "
+                                 "data-parallel size is not supported yet; drop --zero or use a fixed --nnodes");
+    for (int nodes = launch::min_nodes(launch_options); nodes < launch_options.nnodes; ++nodes) {
+      TrainOptions at = opt;
+      try {
+        validate_train_options(&at, launch_options.nproc_per_node * nodes);
+      } catch (const InvalidArgument& e) {
+        TRIREME_THROW(InvalidArgument, "with ", nodes, " of --nnodes ", launch::min_nodes(launch_options), ":",
+                      launch_options.nnodes, " nodes left: ", e.what());
+      }
+    }
+  }
   validate_train_options(&opt, world_size);
   const data::Corpus corpus =
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);

@@ -346,6 +346,15 @@ std::vector<int64_t> Checkpoint::shape(const std::string& name) const {
   return it->second.shape;
 }
 
+bool Checkpoint::covers(const std::string& name, const Box& want) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end() || want.start.size() != it->second.shape.size()) return false;
+  int64_t covered = 0;  // slices of one writer do not overlap
+  for (const Slice& slice : it->second.slices)
+    if (const auto common = intersect(slice.box, want)) covered += common->numel();
+  return covered == want.numel();
+}
+
 at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
   auto it = tensors_.find(name);
   TRIREME_CHECK(it != tensors_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");

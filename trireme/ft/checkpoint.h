@@ -102,6 +102,8 @@ class Checkpoint {
   const CheckpointLayout& layout() const { return layout_; }
   bool has(const std::string& name) const { return tensors_.count(name) > 0; }
   std::vector<int64_t> shape(const std::string& name) const;
+  // Whether the slices of tensor `name` cover box `want` (from the manifest; no data read).
+  bool covers(const std::string& name, const Box& want) const;
   // Box `want` of tensor `name`, assembled from the slices that intersect it (each one's
   // CRC checked as it is read). Throws CheckpointCorrupt when the slices do not cover it,
   // InvalidArgument for an unknown tensor or a box outside it.

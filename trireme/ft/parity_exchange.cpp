@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "trireme/common/error.h"
 #include "trireme/ft/erasure.h"
@@ -111,13 +112,22 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
 
 std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int machine,
                                                  const std::vector<int>& lost, const uint8_t* bytes,
-                                                 const ParityHeld& held, const dist::Group& agents) {
+                                                 const ParityHeld& held, const dist::Group& agents,
+                                                 const std::vector<int>& rank_of_machine) {
   TRIREME_CHECK(plan.recoverable(lost), "the lost machines exceed the redundancy of their groups: their "
                                         "snapshots cannot be rebuilt from memory; resume from a disk checkpoint");
   std::map<int, std::vector<uint8_t>> rebuilt;
   const RedundancyGroup& g = plan.group_of(machine);
   const auto is_lost = [&](int id) { return std::find(lost.begin(), lost.end(), id) != lost.end(); };
   if (is_lost(machine)) return rebuilt;  // a lost machine has nothing to give
+  // Every surviving machine of this group sends to or receives from the rebuilder.
+  for (int id : g.machines) {
+    if (is_lost(id)) continue;
+    TRIREME_CHECK(id < static_cast<int>(rank_of_machine.size()) && rank_of_machine[static_cast<size_t>(id)] >= 0,
+                  "surviving machine ", id, " has no rank in the rebuild's group");
+  }
+  TRIREME_ENFORCE_EQ(rank_of_machine[static_cast<size_t>(machine)], agents->getRank(), "(this machine's rank)");
+  const auto rank = [&](int id) { return rank_of_machine[static_cast<size_t>(id)]; };
   std::vector<int> lost_here;
   for (int id : g.machines)
     if (is_lost(id)) lost_here.push_back(id);
@@ -149,10 +159,10 @@ std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int
           codewords[j][pos] = std::move(mine);
         } else {
           outgoing.push_back(std::move(mine));
-          transfers.send(outgoing.back(), rebuilder, tag_of(g, j, static_cast<int>(pos)));
+          transfers.send(outgoing.back(), rank(rebuilder), tag_of(g, j, static_cast<int>(pos)));
         }
       } else if (machine == rebuilder) {
-        transfers.recv(codewords[j][pos], ref.machine, tag_of(g, j, static_cast<int>(pos)));
+        transfers.recv(codewords[j][pos], rank(ref.machine), tag_of(g, j, static_cast<int>(pos)));
       }
     }
   }
@@ -177,6 +187,12 @@ std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int
   }
   for (int id : lost_here) rebuilt[id].resize(held.sizes.at(id));
   return rebuilt;
+}
+
+std::vector<int> machines_as_ranks(int machines) {
+  std::vector<int> ranks(static_cast<size_t>(machines));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
 }
 
 }  // namespace trireme::ft

@@ -2,7 +2,9 @@
 // a job exchange blocks over a group of their own (one rank per machine, rank = machine
 // index; not the training groups) so that each keeps the parity blocks ft/redundancy.h
 // assigns it; after machines are lost, the survivors send what they hold of the affected
-// codewords to one of them, which rebuilds the lost machines' snapshot bytes.
+// codewords to one of them, which rebuilds the lost machines' snapshot bytes. The rebuild
+// runs over whatever group the survivors have (typically one of their own, the lost
+// machines gone from it), so it takes the group rank of each machine index.
 //
 // Both are collectives over that group (every machine calls them, with the same plan).
 // Transfers are point to point and asynchronous: every receive is posted, then every
@@ -33,9 +35,17 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
 // After the machines in `lost` lost their memory: every other machine passes its snapshot
 // bytes and what it kept from the last exchange_parity; the lowest surviving machine of
 // each affected group returns the rebuilt bytes of that group's lost machines (the others
-// return an empty map). Throws InvalidArgument when `lost` is beyond the plan's redundancy.
+// return an empty map). Machines are the plan's (the exchange's) indices throughout;
+// rank_of_machine[machine] is that machine's rank in `agents` (-1 where it has none, as a
+// lost machine), one entry per machine of the plan. Throws InvalidArgument when `lost` is
+// beyond the plan's redundancy or a surviving machine has no rank.
 std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int machine,
                                                  const std::vector<int>& lost, const uint8_t* bytes,
-                                                 const ParityHeld& held, const dist::Group& agents);
+                                                 const ParityHeld& held, const dist::Group& agents,
+                                                 const std::vector<int>& rank_of_machine);
+
+// rank_of_machine for a group of every machine of the plan, as exchange_parity's: the
+// identity, 0..machines-1.
+std::vector<int> machines_as_ranks(int machines);
 
 }  // namespace trireme::ft

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -152,15 +153,74 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
   }
 }
 
-// MIN of `value` over the world (a collective).
-int64_t world_min(const TrainingState& s, int64_t value) {
-  if (s.world->size() == 1) return value;
+// `value` reduced by `op` over `group` (a collective).
+int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t value, c10d::ReduceOp::RedOpType op) {
+  if (group->getSize() == 1) return value;
   const at::Device device = s.parameters.front().second.device();
   std::vector<at::Tensor> buffer{at::full({1}, value, at::kLong).to(device)};
-  c10d::AllreduceOptions min;
-  min.reduceOp = c10d::ReduceOp::MIN;
-  dist::run_collective("snapshot agreement", [&] { return s.world->group()->allreduce(buffer, min); });
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  dist::run_collective("snapshot agreement", [&] { return group->allreduce(buffer, options); });
   return buffer[0].cpu().item<int64_t>();
+}
+
+// MIN of `value` over the world (a collective).
+int64_t world_min(const TrainingState& s, int64_t value) {
+  return reduce_over(s, s.world->group(), value, c10d::ReduceOp::MIN);
+}
+
+// A complete snapshot in this node's memory (see load_from_memory).
+struct Source {
+  int64_t step = 0;
+  std::string dir;
+  bool own = false;  // this rank's own snapshot
+};
+
+std::vector<Source> memory_sources(const std::string& area, int rank) {
+  namespace fs = std::filesystem;
+  std::vector<Source> sources;
+  std::error_code ec;
+  const std::string own = "rank-" + std::to_string(rank);
+  for (const auto& entry : fs::directory_iterator(area, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank-", 0) != 0) continue;
+    for (int64_t step : Snapshotter::complete_steps(entry.path().string()))
+      sources.push_back({step, entry.path().string() + "/" + std::to_string(step), name == own});
+  }
+  for (const auto& entry : fs::directory_iterator(area + "/protected", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;  // .tmp-*
+    std::error_code inner;
+    for (const auto& rank_dir : fs::directory_iterator(entry.path(), inner))
+      if (fs::exists(rank_dir.path() / "manifest.json"))
+        sources.push_back({std::stoll(name), rank_dir.path().string(), false});
+  }
+  std::stable_sort(sources.begin(), sources.end(), [](const Source& a, const Source& b) { return a.own > b.own; });
+  return sources;
+}
+
+// For each of this rank's parameters, a source of step `step` whose slices cover all of
+// its shard's boxes (own snapshot first). Empty when some parameter has none.
+std::vector<const Checkpoint*> cover(const TrainingState& s, const std::vector<Checkpoint>& opened) {
+  std::vector<const Checkpoint*> chosen;
+  for (const auto& [name, param] : s.parameters) {
+    const tensor::ShardSpec spec = spec_of(s, name);
+    const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, s.tp);
+    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, s.tp_rank, s.tp);
+    const Checkpoint* found = nullptr;
+    for (const Checkpoint& c : opened) {
+      if (c.has("param/" + name) && c.shape("param/" + name) != shape) continue;
+      if (std::all_of(boxes.begin(), boxes.end(), [&](const Box& b) { return c.covers("param/" + name, b); }) &&
+          (!c.has("exp_avg/" + name) ||
+           std::all_of(boxes.begin(), boxes.end(), [&](const Box& b) { return c.covers("exp_avg/" + name, b); }))) {
+        found = &c;
+        break;
+      }
+    }
+    if (!found) return {};
+    chosen.push_back(found);
+  }
+  return chosen;
 }
 
 }  // namespace
@@ -226,6 +286,100 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir) {
       return agreed;
     }
     bound = agreed - 1;
+  }
+  return 0;
+}
+
+int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
+  TRIREME_CHECK(!s.zero, "resuming a ZeRO run in another layout from memory is not supported; "
+                         "run elastic jobs without --zero");
+  const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
+  TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
+  const std::vector<Source> sources = memory_sources(area, s.world->rank());
+  // The newest step at which every data-parallel group has a rank whose node holds all of
+  // its state: candidates from the newest down, agreed over the world.
+  int64_t bound = INT64_MAX;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int64_t candidate = -1;
+    for (const Source& source : sources)
+      if (source.step <= bound) candidate = std::max(candidate, source.step);
+    const int64_t step = reduce_over(s, s.world->group(), candidate, c10d::ReduceOp::MAX);
+    if (step <= 0) return 0;
+    std::vector<Checkpoint> opened;
+    for (const Source& source : sources) {
+      if (source.step != step) continue;
+      try {
+        opened.push_back(Checkpoint::open(source.dir, /*verify_data=*/false));
+      } catch (const CheckpointCorrupt&) {
+        // a damaged copy serves nothing; the others may
+      }
+    }
+    const std::vector<const Checkpoint*> chosen = cover(s, opened);
+    const bool covered = !chosen.empty() || s.parameters.empty();
+    constexpr int64_t kNone = INT64_MAX;
+    const int64_t donor = reduce_over(s, dp_group, covered ? dp_group->getRank() : kNone, c10d::ReduceOp::MIN);
+    if (reduce_over(s, s.world->group(), donor == kNone ? 0 : 1, c10d::ReduceOp::MIN) == 0) {
+      bound = step - 1;
+      continue;
+    }
+    // Load what this node holds, then the ranks that hold nothing get it from the donor.
+    at::NoGradGuard no_grad;
+    std::vector<Optimizer> states(s.parameters.size());
+    if (covered) {
+      for (size_t p = 0; p < s.parameters.size(); ++p) {
+        const auto& [name, param] = s.parameters[p];
+        const Checkpoint& c = *chosen[p];
+        const tensor::ShardSpec spec = spec_of(s, name);
+        const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, s.tp);
+        const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, s.tp_rank, s.tp);
+        const auto local = [&](const std::string& kind) {
+          std::vector<at::Tensor> parts;
+          for (const Box& box : boxes) parts.push_back(c.read(kind + "/" + name, box));
+          return (parts.size() == 1 ? parts[0] : at::cat(parts, spec.dim)).to(param.device());
+        };
+        param.detach().copy_(local("param"));
+        if (c.has("exp_avg/" + name))
+          states[p] = {c.read("step/" + name, whole({1})).item<int64_t>(), local("exp_avg"), local("exp_avg_sq")};
+      }
+    }
+    const bool someone_lacks = reduce_over(s, dp_group, covered ? 0 : 1, c10d::ReduceOp::MAX) == 1;
+    if (someone_lacks) {
+      c10d::BroadcastOptions root;
+      root.rootRank = static_cast<int>(donor);
+      for (size_t p = 0; p < s.parameters.size(); ++p) {
+        const at::Tensor& param = s.parameters[p].second;
+        std::vector<at::Tensor> step{at::full({1}, states[p].step, at::kLong).to(param.device())};
+        std::vector<at::Tensor> value{param.detach()};
+        dist::run_collective("state broadcast", [&] { return dp_group->broadcast(value, root); });
+        dist::run_collective("state broadcast", [&] { return dp_group->broadcast(step, root); });
+        const int64_t n = step[0].cpu().item<int64_t>();
+        if (n == 0) continue;
+        if (!covered) states[p] = {n, at::empty_like(param.detach()), at::empty_like(param.detach())};
+        std::vector<at::Tensor> moments{states[p].exp_avg, states[p].exp_avg_sq};
+        for (auto& m : moments) {
+          std::vector<at::Tensor> one{m};
+          dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
+        }
+      }
+    }
+    for (size_t p = 0; p < s.parameters.size(); ++p)
+      parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
+    // This rank's own generator, when its own snapshot of the same mesh is here.
+    const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
+    for (const Source& source : sources) {
+      if (!source.own || source.step != step) continue;
+      const Checkpoint own = Checkpoint::open(source.dir, /*verify_data=*/false);
+      if (own.layout().mesh == s.layout.mesh && own.has(rng)) {
+        at::Generator generator = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        generator.set_state(own.read(rng, whole(own.shape(rng))));
+      }
+    }
+    if (from) {
+      std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
+      *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";
+    }
+    return step;
   }
   return 0;
 }

@@ -46,6 +46,9 @@ struct TrainingState {
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   std::map<std::string, tensor::ShardSpec> specs;
   int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0;
+  // The data-parallel group (its ranks hold the same state); null: the world's group,
+  // which it must then be (dp == world size).
+  dist::Group dp_group;
   torch::optim::AdamW* adamw = nullptr;     // AdamW over the parameters, or
   parallel::ZeroOptimizer* zero = nullptr;  // ZeRO's, over its DataParallel's parameters
   CheckpointLayout layout;
@@ -70,6 +73,19 @@ int64_t load_checkpoint(const TrainingState& state, const std::string& root);
 // After a restart: loads the newest step of which every rank has a complete snapshot
 // (`dir`: this rank's) and returns it, or 0 when there is none. A collective.
 int64_t load_snapshot(const TrainingState& state, const std::string& dir);
+// After a restart that changed the job's membership (an elastic job lost or gained
+// machines, so the layout may be another): loads the newest step whose state this
+// rank's data-parallel group can find in its nodes' memory, and returns it (0: none, a
+// disk checkpoint must serve). Sources are every complete snapshot in this node's area
+// (`area`, TRIREME_SNAPSHOT_DIR): each rank directory's, whatever rank wrote it, and the
+// copies the agents protected across machines (AREA/protected/<step>/rank-*/, including
+// those rebuilt from parity after a machine was lost; launch/snapshot_keeper.h). Each
+// rank reads the boxes its shards need from the sources that hold them, its own rank's
+// first; a rank whose node holds none gets its state from a replica in its data-parallel
+// group that found all of it (a broadcast). Needs a replicated optimizer (not ZeRO). The
+// generator state is restored where this rank's own snapshot of the same mesh is found.
+// A collective. `from` names what served, for the log.
+int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from);
 // This rank's snapshot directory in the area the agent gives its workers
 // (TRIREME_SNAPSHOT_DIR), or "" when not launched by `trireme run`.
 std::string snapshot_dir_from_env(int rank);

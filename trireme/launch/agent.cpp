@@ -12,15 +12,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trireme/common/error.h"
@@ -47,6 +52,26 @@ constexpr milliseconds kKillReapLimit{10000};
 // How long a generation runs before the agent starts its standby workers (standby.h):
 // long enough that their start does not compete with the generation's own.
 constexpr milliseconds kStandbyDelay{1000};
+// How often an agent raises its heartbeat in the store (--node-timeout is many of these).
+constexpr milliseconds kBeatInterval{200};
+// How often the leader of a restart looks at the members it waits for.
+constexpr milliseconds kMembershipPoll{50};
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string out;
+  for (int id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+std::vector<int> parse_ids(const std::string& text) {
+  std::vector<int> ids;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) ids.push_back(std::stoi(item));
+  return ids;
+}
+
+bool contains(const std::vector<int>& ids, int id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -91,7 +116,11 @@ std::string new_run_id() {
   return id;
 }
 
-enum class Ending { kAllExited, kWorkerFailed, kRemoteFailure, kRemoteRestart, kSignal, kStoreLost };
+// kNodeLost: another member stopped its heartbeat or left; kNodeJoin: a node asks to
+// join an elastic job. Both start a new generation like a failed worker does.
+enum class Ending {
+  kAllExited, kWorkerFailed, kRemoteFailure, kRemoteRestart, kSignal, kStoreLost, kNodeLost, kNodeJoin
+};
 
 struct Event {
   Ending ending;
@@ -115,8 +144,8 @@ struct Worker {
 class Agent {
  public:
   Agent(const LaunchOptions& options, AgentChannel& channel, const StoreAddress& store,
-        const AgentIo& io)
-      : options_(options), channel_(channel), store_(store), io_(io) {}
+        const AgentIo& io, SnapshotKeeper* keeper)
+      : options_(options), channel_(channel), store_(store), io_(io), keeper_(keeper) {}
   ~Agent();
 
   LaunchResult run();
@@ -126,29 +155,42 @@ class Agent {
   std::string node() const { return "node " + std::to_string(options_.node_rank); }
   std::string rdzv() const { return store_.host + ":" + std::to_string(store_.port); }
   std::string worker_name(const Worker& w) const;
+  int global_rank(int local) const { return position_ * options_.nproc_per_node + local; }
 
   std::optional<LaunchResult> join();
+  std::optional<LaunchResult> join_running();
   Worker start_worker(int local, int generation, bool standby) const;
   std::optional<Event> spawn_workers(int restart);
   void spawn_standby(int generation);
   void end_standby();
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
+  std::optional<LaunchResult> decide_members(int generation);
+  std::optional<LaunchResult> take_members(int generation, const std::string& members);
+  std::optional<LaunchResult> await_recovery(int generation);
+  LaunchResult leave(const Event& event);
+  KeeperGeneration keeper_generation() const;
   void make_snapshot_dir();
   void remove_snapshot_dir();
   Event supervise();
+  std::optional<Event> watch_nodes();
   LaunchResult finish(const Event& event);
   LaunchResult finish_success();
 
-  void stop_workers();
+  void stop_workers(double grace_s);
   void check_heartbeats();
+  void beat();
+  bool stale(int node, Clock::time_point now);
   void publish_failure(const std::string& what);
   void mark_done();
   // Waits for key until deadline while noticing signals and, with watch_failure, a
   // failure published meanwhile (kept in published_failure_).
   enum class WaitEnd { kSet, kTimeout, kSignal, kFailure };
-  WaitEnd wait_key(const char* key, Clock::time_point deadline, bool watch_failure);
+  WaitEnd wait_key(const std::string& key, Clock::time_point deadline, bool watch_failure);
 
   void pump(Clock::duration timeout);
+  // Runs fn on a thread of its own while this one goes on pumping (heartbeat, output,
+  // signals): the keeper's calls may wait on other machines for seconds.
+  void while_pumping(const std::function<void()>& fn);
   void take_signals();
   void forward(Worker& w, int stream);
   void close_stream(Worker& w, int stream);
@@ -159,12 +201,21 @@ class Agent {
   AgentChannel& channel_;
   StoreAddress store_;
   AgentIo io_;
+  SnapshotKeeper* keeper_;       // machine-level snapshot redundancy, or null
   SignalPipe signals_;
   std::vector<Worker> workers_;
   std::vector<Worker> standby_;  // the next generation's workers, loaded and waiting
+  std::vector<int> standby_members_;  // the membership the standbys were started for
   Clock::time_point generation_start_{};
   std::string run_id_ = "none";
   int generation_ = 0;        // restarts so far: TORCHELASTIC_RESTART_COUNT of the workers
+  std::vector<int> members_;  // node ids of this generation, ascending
+  int position_ = 0;          // this node's index in members_
+  int64_t beats_ = 0;         // this agent's heartbeat counter
+  Clock::time_point next_beat_{};
+  // Other agents' heartbeats: the last value seen and when it last changed.
+  std::map<int, std::pair<std::string, Clock::time_point>> peer_beats_;
+  int64_t pending_seen_ = 0;  // join requests already acted on
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
   int signal_count_ = 0;     // all SIGINT/SIGTERM received
@@ -200,23 +251,34 @@ std::string Agent::worker_name(const Worker& w) const {
 LaunchResult Agent::run() {
   if (auto refused = join()) return *refused;
   make_snapshot_dir();
-  for (int restart = 0;; ++restart) {
-    generation_ = restart;
-    const std::optional<Event> failed = spawn_workers(restart);
+  while (true) {
+    if (keeper_ && !snapshot_dir_.empty()) keeper_->start(keeper_generation());
+    const std::optional<Event> failed = spawn_workers(generation_);
     Event event = failed ? *failed : supervise();
-    const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) || event.ending == Ending::kRemoteRestart;
-    if (restartable && restart < options_.max_restarts) {
-      if (auto refused = restart_generation(restart + 1, event)) {
+    if (keeper_) while_pumping([&] { keeper_->stop(); });
+    if (event.ending == Ending::kSignal && event.signal == SIGTERM && elastic(options_) && !is_host()) {
+      end_standby();
+      LaunchResult result = leave(event);
+      remove_snapshot_dir();
+      return result;
+    }
+    const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) ||
+                             event.ending == Ending::kRemoteRestart || event.ending == Ending::kNodeLost ||
+                             event.ending == Ending::kNodeJoin;
+    if (restartable && generation_ < options_.max_restarts) {
+      if (auto refused = restart_generation(generation_ + 1, event)) {
         end_standby();
         remove_snapshot_dir();
         return *refused;
       }
       continue;
     }
+    if (event.ending == Ending::kNodeJoin) event = {Ending::kAllExited, ""};  // cannot happen: joins need restarts
     if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
-      event.what += "; gave up after " + std::to_string(restart) + " restart" + (restart == 1 ? "" : "s") +
+      event.what += "; gave up after " + std::to_string(generation_) + " restart" + (generation_ == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
     if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
+    if (event.ending == Ending::kNodeLost) event.ending = Ending::kWorkerFailed;  // published as the job's failure
     end_standby();
     LaunchResult result = finish(event);
     remove_snapshot_dir();
@@ -224,18 +286,35 @@ LaunchResult Agent::run() {
   }
 }
 
-// A new generation: every agent stops its workers (a worker failed here, or another
-// agent asked), they meet at a barrier in the store, and all start their workers again,
-// which resume from their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a
-// restart). Returns the job's result when the barrier fails (a signal, a failure, time-out).
+KeeperGeneration Agent::keeper_generation() const {
+  KeeperGeneration g;
+  g.generation = generation_;
+  g.members = members_;
+  g.position = position_;
+  for (int local = 0; local < options_.nproc_per_node; ++local) g.local_ranks.push_back(global_rank(local));
+  g.area = snapshot_dir_;
+  g.store_host = store_.host;
+  g.store_port = store_.port;
+  return g;
+}
+
+// A new generation: every agent stops its workers (a worker failed here, another agent
+// asked, a member was lost or left, a node asks to join) and checks in; the first to
+// check in leads: it waits until each member of the old generation has checked in, left
+// or gone silent for --node-timeout, adds the nodes waiting to join (up to --nnodes MAX),
+// and publishes the new membership. Survivors then rebuild what the lost machines held
+// (SnapshotKeeper::recover), all meet at a barrier, and start their workers, which
+// resume from their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a restart).
+// Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
 std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
   try {
-    if (cause.ending == Ending::kWorkerFailed) channel_.set(keys::restart(generation), cause.what);
+    if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation)))
+      channel_.set(keys::restart(generation), cause.what);
   } catch (const Error& e) {
-    stop_workers();
+    stop_workers(options_.stop_grace_s);
     return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
   }
-  stop_workers();
+  stop_workers(options_.stop_grace_s);
   reap();
   const auto ready = std::count_if(standby_.begin(), standby_.end(),
                                    [&](const Worker& w) { return w.running && w.generation == generation; });
@@ -249,10 +328,125 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   workers_.clear();
   first_failure_.clear();
   stopping_ = false;
-  if (channel_.add(keys::restart_stopped(generation), 1) == options_.nnodes)
-    channel_.set(keys::restart_go(generation), "1");
+  try {
+    channel_.set(keys::restart_in(generation, options_.node_rank), "1");
+    if (channel_.add(keys::restart_stopped(generation), 1) == 1)
+      if (auto refused = decide_members(generation)) return refused;
+  } catch (const Error& e) {
+    return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
+  }
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
-  switch (wait_key(keys::restart_go(generation).c_str(), deadline, /*watch_failure=*/true)) {
+  switch (wait_key(keys::restart_members(generation), deadline, /*watch_failure=*/true)) {
+    case WaitEnd::kSet:
+      break;
+    case WaitEnd::kSignal:
+      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+    case WaitEnd::kFailure:
+      return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+    case WaitEnd::kTimeout: {
+      const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
+                                  " s waiting for the membership of restart " + std::to_string(generation);
+      publish_failure(failure);
+      return LaunchResult{1, failure};
+    }
+  }
+  return take_members(generation, channel_.try_get(keys::restart_members(generation)).value_or(""));
+}
+
+// The leader's part of a restart (see restart_generation).
+std::optional<LaunchResult> Agent::decide_members(int generation) {
+  std::vector<int> waiting = members_;  // old members not yet checked in, left or lost
+  std::vector<int> in, out, joining;
+  const auto now = Clock::now();
+  for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join, if alive
+    if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) joining.push_back(id);
+  for (int id : joining) waiting.push_back(id);
+  for (int id : waiting) peer_beats_[id] = {channel_.try_get(keys::alive(id)).value_or(""), now};
+  std::string why_out;
+  while (!waiting.empty()) {
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      const int id = *it;
+      const bool joiner = contains(joining, id);
+      std::string reason;
+      if (!joiner && channel_.try_get(keys::restart_in(generation, id))) {
+        in.push_back(id);
+      } else if (channel_.try_get(keys::left(id))) {
+        reason = "node " + std::to_string(id) + " left the job";
+      } else if (stale(id, Clock::now())) {
+        reason = "node " + std::to_string(id) + " is lost (no heartbeat for " +
+                 std::to_string(static_cast<int>(options_.node_timeout_s)) + " s)";
+      } else if (joiner && peer_beats_[id].second > now) {
+        in.push_back(id);  // its heartbeat went on: it is alive and waiting
+      } else {
+        ++it;
+        continue;
+      }
+      if (!reason.empty()) {
+        out.push_back(id);
+        if (!joiner) why_out += (why_out.empty() ? "" : "; ") + reason;
+      }
+      it = waiting.erase(it);
+    }
+    if (waiting.empty()) break;
+    pump(kMembershipPoll);
+    if (first_signal_) return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+  }
+  std::sort(in.begin(), in.end());
+  // Old members first; joiners fill up to --nnodes MAX.
+  std::vector<int> next;
+  for (int id : in)
+    if (contains(members_, id)) next.push_back(id);
+  for (int id : in)
+    if (!contains(members_, id) && static_cast<int>(next.size()) < options_.nnodes) next.push_back(id);
+  std::sort(next.begin(), next.end());
+  for (int id : members_)
+    if (!contains(next, id)) channel_.add(keys::lost(id), 1);
+  if (static_cast<int>(next.size()) < min_nodes(options_)) {
+    const std::string failure =
+        why_out + "; " + std::to_string(next.size()) + " node" + (next.size() == 1 ? "" : "s") + " left, fewer than " +
+        (elastic(options_) ? "--nnodes MIN = " + std::to_string(min_nodes(options_))
+                           : "the " + std::to_string(options_.nnodes) +
+                                 " the job needs (give --nnodes MIN:MAX to go on with fewer)");
+    publish_failure(failure);
+    channel_.set(keys::restart_members(generation), "");
+    return LaunchResult{1, failure};
+  }
+  if (!why_out.empty())
+    write_all(io_.stderr_fd, "trireme run: " + why_out + "; going on with nodes " + join_ids(next) + "\n");
+  channel_.set(keys::kGeneration, std::to_string(generation));
+  channel_.set(keys::restart_members(generation), join_ids(next));
+  return std::nullopt;
+}
+
+// Enters generation `generation` with the published membership: survivors rebuild what
+// lost machines held, then everyone waits for the others at the recovery barrier.
+std::optional<LaunchResult> Agent::take_members(int generation, const std::string& published) {
+  const std::vector<int> next = parse_ids(published);
+  if (next.empty()) return LaunchResult{1, channel_.try_get(keys::kFailure).value_or("too few nodes left")};
+  if (!contains(next, options_.node_rank))
+    return LaunchResult{1, node() + " was dropped from the job at restart " + std::to_string(generation) +
+                               " (its heartbeat stalled for --node-timeout " +
+                               std::to_string(static_cast<int>(options_.node_timeout_s)) +
+                               " s); raise --node-timeout on a loaded machine"};
+  const KeeperGeneration previous = keeper_generation();
+  const bool changed = next != members_;
+  generation_ = generation;
+  members_ = next;
+  position_ = static_cast<int>(std::find(next.begin(), next.end(), options_.node_rank) - next.begin());
+  peer_beats_.clear();
+  if (changed && keeper_ && !snapshot_dir_.empty()) {
+    KeeperRecovery recovery;
+    while_pumping([&] { recovery = keeper_->recover(previous, keeper_generation()); });
+    if (!recovery.message.empty()) write_all(io_.stderr_fd, "trireme run: " + recovery.message + "\n");
+  }
+  return await_recovery(generation);
+}
+
+std::optional<LaunchResult> Agent::await_recovery(int generation) {
+  if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
+    channel_.set(keys::restart_resume(generation), "1");
+  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  switch (wait_key(keys::restart_resume(generation), deadline, /*watch_failure=*/true)) {
     case WaitEnd::kSet:
       return std::nullopt;
     case WaitEnd::kSignal:
@@ -263,10 +457,32 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
       break;
   }
   const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
-                              " s waiting for the other agents to stop their workers for restart " +
+                              " s waiting for the other agents to recover their snapshots for restart " +
                               std::to_string(generation);
   publish_failure(failure);
   return LaunchResult{1, failure};
+}
+
+// SIGTERM to an agent of an elastic job: a spot preemption notice. Announce the leave
+// first (the others re-form without waiting for --node-timeout), give the workers
+// --grace-seconds to finish or abandon their step, and go. What this machine's snapshots
+// held is already on the others (replicas, parity of the last protected step).
+LaunchResult Agent::leave(const Event& event) {
+  write_all(io_.stderr_fd, "trireme run: " + node() + " received " + signal_name(event.signal) +
+                               " (preemption notice): stopping its workers and leaving the job\n");
+  try {
+    channel_.set(keys::left(options_.node_rank), "1");
+  } catch (const Error&) {
+    // The store is gone: the others notice that by themselves.
+  }
+  const auto start = Clock::now();
+  stop_workers(options_.preemption_grace_s);
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  char line[160];
+  std::snprintf(line, sizeof line, "%s left the job %.1f s after the notice (grace %g s)", node().c_str(), took,
+                options_.preemption_grace_s);
+  write_all(io_.stderr_fd, "trireme run: " + std::string(line) + "\n");
+  return {0, ""};
 }
 
 // The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
@@ -292,11 +508,16 @@ std::optional<LaunchResult> Agent::join() {
     run_id_ = new_run_id();
     channel_.set(keys::kRunId, run_id_);
   }
+  // A --node-rank is taken once per time that node was dropped from the job: a replacement
+  // for a lost (or preempted) machine joins under its id.
   const std::string node_key = "trireme/agents/node" + std::to_string(options_.node_rank);
-  if (channel_.add(node_key, 1) > 1)
+  if (channel_.add(node_key, 1) > channel_.add(keys::lost(options_.node_rank), 0) + 1)
     return LaunchResult{1, "another agent already joined the rendezvous at " + rdzv() +
                                " as --node-rank " + std::to_string(options_.node_rank) +
-                               "; give every node its own --node-rank"};
+                               "; give every node its own --node-rank (a replacement may take a lost node's "
+                               "once the job has dropped it, after --node-timeout)"};
+  // Every place taken already: the job runs, and this node is a replacement or came back.
+  if (!is_host() && channel_.add(keys::kJoined, 0) >= options_.nnodes) return join_running();
   const int64_t joined = channel_.add(keys::kJoined, 1);
   if (joined == options_.nnodes) channel_.set(keys::kReady, "1");
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
@@ -319,7 +540,50 @@ std::optional<LaunchResult> Agent::join() {
                  " ...' on the missing nodes, or raise --join-timeout"};
   }
   if (!is_host()) run_id_ = channel_.try_get(keys::kRunId).value_or("none");
+  for (int id = 0; id < options_.nnodes; ++id) members_.push_back(id);
+  position_ = options_.node_rank;
   return std::nullopt;
+}
+
+// A node that arrives while the job runs (a replacement, or one that came back) asks to
+// join and waits for a generation that takes it: the running agents start one as soon as
+// they see the request, while the job has fewer than --nnodes MAX nodes.
+std::optional<LaunchResult> Agent::join_running() {
+  if (!elastic(options_))
+    return LaunchResult{1, "the job at " + rdzv() + " is already running with its " + std::to_string(options_.nnodes) +
+                               " nodes; a node can join a running job only when it was started with --nnodes MIN:MAX"};
+  run_id_ = channel_.try_get(keys::kRunId).value_or("none");
+  channel_.set(keys::pending(options_.node_rank), run_id_);
+  channel_.add(keys::kPending, 1);
+  write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
+  int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
+  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  while (true) {
+    switch (wait_key(keys::restart_members(generation), deadline, /*watch_failure=*/true)) {
+      case WaitEnd::kSet:
+        break;
+      case WaitEnd::kSignal:
+        return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while waiting to join"};
+      case WaitEnd::kFailure:
+        return LaunchResult{1, published_failure_ + "; " + node() + " did not join"};
+      case WaitEnd::kTimeout:
+        return LaunchResult{1, "timed out after " + std::to_string(options_.join_timeout_s) +
+                                   " s waiting for the running job to take " + node() +
+                                   " (it has --nnodes MAX nodes already, or it finished)"};
+    }
+    const std::vector<int> members = parse_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
+    if (contains(members, options_.node_rank)) {
+      channel_.set(keys::pending(options_.node_rank), "");
+      generation_ = generation;
+      members_ = members;
+      position_ = static_cast<int>(std::find(members.begin(), members.end(), options_.node_rank) - members.begin());
+      if (auto refused = await_recovery(generation)) return refused;
+      write_all(io_.stderr_fd, "trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
+                                   " (nodes " + join_ids(members) + ")\n");
+      return std::nullopt;
+    }
+    ++generation;
+  }
 }
 
 // ---- step 2: spawn -----------------------------------------------------------------------
@@ -332,13 +596,15 @@ Worker Agent::start_worker(int local, int generation, bool standby) const {
   const std::string& program = options_.command.front();
   const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
   TRIREME_CHECK(!executable.empty(), "cannot execute '", program, "': no such executable file (or not on PATH)");
-  const JobInfo job{store_.host, store_.port, run_id_, generation, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
+  JobInfo job{store_.host, store_.port, run_id_, generation, ::isatty(io_.stderr_fd) == 1, snapshot_dir_};
+  job.node_position = position_;
+  job.nodes = static_cast<int>(members_.size());
   std::vector<std::string> env = worker_environment(current_environment(), options_, local, job);
   if (standby) env.push_back(std::string(kStandbyEnv) + "=1");
   const SpawnedProcess p = spawn_process(executable, options_.command, env, /*stdin_pipe=*/standby);
   Worker w;
   w.local_rank = local;
-  w.rank = options_.node_rank * options_.nproc_per_node + local;
+  w.rank = global_rank(local);
   w.generation = generation;
   w.pid = p.pid;
   w.fds[0] = p.stdout_fd;
@@ -354,8 +620,9 @@ std::optional<Event> Agent::spawn_workers(int restart) {
   generation_start_ = Clock::now();
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     // A standby started for this generation becomes the worker: one byte on its stdin.
+    // (Only when the membership is the one it was started for: its rank depends on it.)
     auto ready = std::find_if(standby_.begin(), standby_.end(), [&](const Worker& s) {
-      return s.running && s.local_rank == local && s.generation == restart;
+      return s.running && s.local_rank == local && s.generation == restart && standby_members_ == members_;
     });
     if (ready != standby_.end()) {
       const char go = 1;
@@ -372,7 +639,7 @@ std::optional<Event> Agent::spawn_workers(int restart) {
     } catch (const Error& e) {
       Worker named;  // worker_name() needs only the ranks
       named.local_rank = local;
-      named.rank = options_.node_rank * options_.nproc_per_node + local;
+      named.rank = global_rank(local);
       return Event{Ending::kWorkerFailed, worker_name(named) + ": " + e.what()};
     }
   }
@@ -383,6 +650,7 @@ std::optional<Event> Agent::spawn_workers(int restart) {
 // Starts generation `generation`'s workers ahead of time, waiting in await_activation().
 // Best effort: a standby that cannot start leaves that worker to be started on restart.
 void Agent::spawn_standby(int generation) {
+  standby_members_ = members_;
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     try {
       standby_.push_back(start_worker(local, generation, /*standby=*/true));
@@ -428,13 +696,79 @@ Event Agent::supervise() {
         if (auto cause = channel_.try_get(keys::restart(generation_ + 1)))
           return {Ending::kRemoteRestart, *cause + " (on another node)"};
       if (options_.heartbeat_timeout_s > 0) check_heartbeats();
+      if (auto event = watch_nodes()) return *event;
     } catch (const Error& e) {
       return {Ending::kStoreLost, e.what()};
     }
   }
 }
 
+// The other members' heartbeats and leave notices, and join requests: a member that
+// left or went silent for --node-timeout is lost with its machine (its workers may hang
+// the others' collectives until their time-out: this does not wait for that).
+std::optional<Event> Agent::watch_nodes() {
+  const auto now = Clock::now();
+  for (int id : members_) {
+    if (id == options_.node_rank) continue;
+    if (channel_.try_get(keys::left(id)))
+      return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
+    if (stale(id, now)) {
+      char after[32];
+      std::snprintf(after, sizeof after, "%g", options_.node_timeout_s);
+      return Event{Ending::kNodeLost, "node " + std::to_string(id) + " is lost (no heartbeat for " + after + " s)"};
+    }
+  }
+  // (Not once a worker has finished: the job is ending, a new generation would redo nothing.)
+  const bool all_running =
+      std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+  if (elastic(options_) && static_cast<int>(members_.size()) < options_.nnodes && all_running) {
+    const int64_t requests = channel_.add(keys::kPending, 0);
+    if (requests > pending_seen_) {
+      pending_seen_ = requests;
+      for (int id = 0; id < options_.nnodes; ++id)
+        if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_)
+          return Event{Ending::kNodeJoin, "node " + std::to_string(id) + " asks to join"};
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether `node`'s heartbeat has not changed for --node-timeout (first seen: not stale).
+bool Agent::stale(int node, Clock::time_point now) {
+  const std::string beat = channel_.try_get(keys::alive(node)).value_or("");
+  auto it = peer_beats_.find(node);
+  if (it == peer_beats_.end() || it->second.first != beat) {
+    peer_beats_[node] = {beat, now};
+    return false;
+  }
+  return now - it->second.second >= seconds(options_.node_timeout_s);
+}
+
+// Raises this agent's heartbeat, at most every kBeatInterval.
+void Agent::beat() {
+  const auto now = Clock::now();
+  if (now < next_beat_) return;
+  next_beat_ = now + kBeatInterval;
+  try {
+    channel_.set(keys::alive(options_.node_rank), std::to_string(++beats_));
+  } catch (const Error&) {
+    // The store is gone: supervision notices on its next look.
+  }
+}
+
+void Agent::while_pumping(const std::function<void()>& fn) {
+  std::atomic<bool> done{false};
+  std::thread thread([&] {
+    fn();
+    done = true;
+  });
+  while (!done) pump(kMembershipPoll);
+  thread.join();
+}
+
 void Agent::pump(Clock::duration timeout) {
+  beat();
+  timeout = std::min<Clock::duration>(timeout, kBeatInterval);
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
   std::vector<std::pair<Worker*, int>> owners;
   for (auto& w : workers_) {
@@ -549,12 +883,12 @@ void Agent::check_heartbeats() {
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
 // or at once when a second SIGINT/SIGTERM arrives.
-void Agent::stop_workers() {
+void Agent::stop_workers(double grace_s) {
   stopping_ = true;
   for (auto& w : workers_)
     if (w.running) signal_process_group(w.pid, SIGTERM);
   const int signals_before = signal_count_;
-  const auto grace_end = Clock::now() + seconds(options_.stop_grace_s);
+  const auto grace_end = Clock::now() + seconds(grace_s);
   while (any_running() && Clock::now() < grace_end && signal_count_ == signals_before)
     pump(grace_end - Clock::now());
   for (auto& w : workers_)
@@ -575,13 +909,13 @@ void Agent::publish_failure(const std::string& what) {
 
 void Agent::mark_done() {
   try {
-    if (channel_.add(keys::kDone, 1) >= options_.nnodes) channel_.set(keys::kAllDone, "1");
+    if (channel_.add(keys::kDone, 1) >= static_cast<int64_t>(members_.size())) channel_.set(keys::kAllDone, "1");
   } catch (const Error&) {
     // The store is gone: nobody waits for us any more.
   }
 }
 
-Agent::WaitEnd Agent::wait_key(const char* key, Clock::time_point deadline,
+Agent::WaitEnd Agent::wait_key(const std::string& key, Clock::time_point deadline,
                                bool watch_failure) {
   while (true) {
     const auto left = deadline - Clock::now();
@@ -622,9 +956,11 @@ LaunchResult Agent::finish(const Event& event) {
                        "); stopped the workers of " + node();
       break;
     case Ending::kAllExited:
+    case Ending::kNodeLost:  // run() turned these into kWorkerFailed / kAllExited
+    case Ending::kNodeJoin:
       break;
   }
-  stop_workers();
+  stop_workers(options_.stop_grace_s);
   if (event.ending == Ending::kStoreLost) return result;
   mark_done();
   // Keep the store up while the other agents read the failure and stop their workers.
@@ -660,14 +996,14 @@ LaunchResult Agent::finish_success() {
   }
   return {1, "timed out after " + std::to_string(static_cast<int>(options_.exit_barrier_timeout_s)) +
                  " s waiting for the other agents to finish (" + std::to_string(done) + " of " +
-                 std::to_string(options_.nnodes) + " done); closing the rendezvous store"};
+                 std::to_string(members_.size()) + " done); closing the rendezvous store"};
 }
 
 }  // namespace
 
 LaunchResult run_agent(const LaunchOptions& options, AgentChannel& channel,
-                       const StoreAddress& store, const AgentIo& io) {
-  Agent agent(options, channel, store, io);
+                       const StoreAddress& store, const AgentIo& io, SnapshotKeeper* keeper) {
+  Agent agent(options, channel, store, io, keeper);
   return agent.run();
 }
 

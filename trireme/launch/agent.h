@@ -17,6 +17,7 @@
 
 #include "trireme/launch/agent_channel.h"
 #include "trireme/launch/launcher.h"
+#include "trireme/launch/snapshot_keeper.h"
 
 namespace trireme::launch {
 
@@ -33,8 +34,9 @@ struct StoreAddress {
 };
 
 // Runs steps 1–4 for this node. options must be valid (validate_launch_options).
-// Installs a SignalPipe for its duration.
+// Installs a SignalPipe for its duration. `keeper` (may be null) protects the node's
+// snapshots across machines while each generation runs and rebuilds lost ones.
 LaunchResult run_agent(const LaunchOptions& options, AgentChannel& channel,
-                       const StoreAddress& store, const AgentIo& io = {});
+                       const StoreAddress& store, const AgentIo& io = {}, SnapshotKeeper* keeper = nullptr);
 
 }  // namespace trireme::launch

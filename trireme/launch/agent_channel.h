@@ -14,7 +14,19 @@
 //   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
 //                           agent stops its workers and starts generation G
 //   trireme/restart/G/stopped  counter; each agent adds 1 once its workers are gone
-//   trireme/restart/G/go    set by the agent whose add made `stopped` reach nnodes
+//   trireme/restart/G/in/N  agent N's workers of generation G-1 are gone (its check-in)
+//   trireme/restart/G/members  the node ids of generation G ("0,2"), set by the first
+//                           agent to check in (the leader) once every member of G-1 has
+//                           checked in, left, or been lost; "" when too few remain
+//   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
+//                           the last sets restart/G/resume, and then workers start
+//   trireme/generation      the newest generation whose membership was decided
+//   trireme/agents/alive/N  agent N's heartbeat (a counter it raises every 200 ms)
+//   trireme/agents/left/N   agent N leaves the job (a preemption notice)
+//   trireme/agents/lost/N   counter: times node N was dropped from the job, so that a
+//                           replacement may join under the same --node-rank
+//   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs)
+//   trireme/agents/pending  counter of such requests, which running agents watch
 //
 // Every method may throw CommError when the store is unreachable.
 #pragma once
@@ -39,7 +51,18 @@ inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank
 // The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
-inline std::string restart_go(int generation) { return restart(generation) + "/go"; }
+inline std::string restart_in(int generation, int node) {
+  return restart(generation) + "/in/" + std::to_string(node);
+}
+inline std::string restart_members(int generation) { return restart(generation) + "/members"; }
+inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
+inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
+inline constexpr const char* kGeneration = "trireme/generation";
+inline constexpr const char* kPending = "trireme/agents/pending";
+inline std::string alive(int node) { return "trireme/agents/alive/" + std::to_string(node); }
+inline std::string left(int node) { return "trireme/agents/left/" + std::to_string(node); }
+inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
+inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
 // through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
 // for --heartbeat-timeout seconds; workers that never set it are not watched.

@@ -1,8 +1,11 @@
 // launch(): validates the options, opens the rendezvous store (node 0 hosts it, the other
-// nodes connect to it) and runs this node's agent on it.
+// nodes connect to it), builds the snapshot keeper that --redundancy asks for, and runs
+// this node's agent on them.
 #include <cstdlib>
 
 #include "trireme/common/error.h"
+#include "trireme/ft/parity_keeper.h"
+#include "trireme/ft/redundancy.h"
 #include "trireme/launch/agent.h"
 #include "trireme/launch/launcher.h"
 #include "trireme/launch/process.h"
@@ -23,7 +26,15 @@ LaunchResult launch(const LaunchOptions& options) {
                              : TcpStoreChannel::connect(options.rdzv_host, options.rdzv_port,
                                                         timeout);
   const StoreAddress store{options.rdzv_host, channel->port()};
-  return run_agent(options, *channel, store);
+  std::unique_ptr<ft::ParityKeeper> keeper;
+  if (!options.redundancy.empty()) {
+    const auto [k, m] = ft::RedundancyPlan::parse(options.redundancy);
+    keeper = std::make_unique<ft::ParityKeeper>(k, m);
+    // The keeper's Gloo group binds the address on the route to the rendezvous host, as
+    // the workers' groups do (dist/gloo/backend.cpp reads MASTER_ADDR).
+    ::setenv("MASTER_ADDR", options.rdzv_host.c_str(), /*overwrite=*/0);
+  }
+  return run_agent(options, *channel, store, {}, keeper.get());
 }
 
 }  // namespace trireme::launch

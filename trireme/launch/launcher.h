@@ -19,7 +19,10 @@ namespace trireme::launch {
 
 struct LaunchOptions {
   int nproc_per_node = 1;                 // workers started by this agent
-  int nnodes = 1;                         // agents in the job
+  int nnodes = 1;                         // agents in the job (with nnodes_min: at most)
+  // Elastic membership (--nnodes MIN:MAX): the job goes on while at least nnodes_min
+  // agents remain; 0 means nnodes (a fixed size: losing an agent ends the job).
+  int nnodes_min = 0;
   int node_rank = 0;                      // this agent's index; 0 hosts the store
   std::string rdzv_host = "127.0.0.1";    // where node 0's store listens (MASTER_ADDR)
   int rdzv_port = 0;                      // 0: an ephemeral port (single node only)
@@ -28,6 +31,14 @@ struct LaunchOptions {
   double heartbeat_timeout_s = 0;         // a worker whose heartbeat stalls this long is
                                           // killed as hung (0: not watched)
   double stop_grace_s = 5;                // SIGTERM → SIGKILL delay when stopping workers
+  // An agent whose store heartbeat stalls this long is taken as lost with its machine.
+  double node_timeout_s = 5;
+  // SIGTERM to an agent of an elastic job is a spot preemption notice: its workers get
+  // this long to finish or abandon their step before the agent leaves the job.
+  double preemption_grace_s = 30;
+  // Erasure-coded snapshot redundancy across machines ("K+M", e.g. "2+1"; "" none):
+  // given to the SnapshotKeeper (snapshot_keeper.h) that launch() builds.
+  std::string redundancy;
   // How long node 0 keeps the store up after its own workers finished, waiting for the
   // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
   double exit_barrier_timeout_s = 300;
@@ -50,6 +61,10 @@ struct LaunchResult {
 
 // Throws InvalidArgument (one line naming the flag and the fix) when options are unusable.
 void validate_launch_options(const LaunchOptions& options);
+
+// The fewest agents the job runs with (nnodes_min, or nnodes when that is 0).
+inline int min_nodes(const LaunchOptions& o) { return o.nnodes_min > 0 ? o.nnodes_min : o.nnodes; }
+inline bool elastic(const LaunchOptions& o) { return min_nodes(o) < o.nnodes; }
 
 // Runs this node's agent to completion: rendezvous with the other agents, start the
 // workers, forward their output to this process's stdout/stderr, supervise them.

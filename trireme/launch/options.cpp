@@ -1,5 +1,6 @@
 // Validation of LaunchOptions: every refusal is one line naming the flag and the fix.
 #include "trireme/common/error.h"
+#include "trireme/ft/redundancy.h"
 #include "trireme/launch/launcher.h"
 
 namespace trireme::launch {
@@ -12,6 +13,12 @@ void validate_launch_options(const LaunchOptions& o) {
   TRIREME_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got ",
                 o.nproc_per_node);
   TRIREME_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got ", o.nnodes);
+  TRIREME_CHECK(o.nnodes_min >= 0 && o.nnodes_min <= o.nnodes, "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ",
+                o.nnodes_min, ":", o.nnodes);
+  TRIREME_CHECK(!elastic(o) || o.max_restarts > 0, "--nnodes ", o.nnodes_min, ":", o.nnodes,
+                " re-forms the job after a machine is lost, which is a restart; give --max-restarts N (N >= 1)");
+  TRIREME_CHECK(o.node_timeout_s > 0, "--node-timeout must be positive (seconds), got ", o.node_timeout_s);
+  TRIREME_CHECK(o.preemption_grace_s >= 0, "--grace-seconds must be 0 or more, got ", o.preemption_grace_s);
   TRIREME_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank must be in 0..",
                 o.nnodes - 1, " for --nnodes ", o.nnodes, ", got ", o.node_rank);
   TRIREME_CHECK(o.nnodes == 1 || o.rdzv_port != 0, "--nnodes ", o.nnodes,
@@ -30,6 +37,12 @@ void validate_launch_options(const LaunchOptions& o) {
   TRIREME_CHECK(o.exit_barrier_timeout_s >= 0,
                 "the exit barrier timeout must be 0 or more seconds, got ",
                 o.exit_barrier_timeout_s);
+  if (!o.redundancy.empty()) {
+    const auto [k, m] = ft::RedundancyPlan::parse(o.redundancy);
+    ft::RedundancyPlan::make(o.nnodes, k, m);  // throws naming --redundancy when too few machines
+    TRIREME_CHECK(o.max_restarts > 0, "--redundancy ", o.redundancy,
+                  " protects snapshots for restarts; give --max-restarts N (N >= 1)");
+  }
   for (const auto& [key, value] : o.extra_env)
     TRIREME_CHECK(!key.empty() && key.find('=') == std::string::npos,
                   "bad environment variable name '", key, "'");

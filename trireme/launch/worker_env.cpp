@@ -15,15 +15,17 @@ bool has_key(const std::vector<std::string>& env, const std::string& key) {
 }  // namespace
 
 EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const JobInfo& job) {
-  const int world_size = options.nnodes * options.nproc_per_node;
-  const int rank = options.node_rank * options.nproc_per_node + local_rank;
+  const int position = job.node_position >= 0 ? job.node_position : options.node_rank;
+  const int nodes = job.nodes >= 0 ? job.nodes : options.nnodes;
+  const int world_size = nodes * options.nproc_per_node;
+  const int rank = position * options.nproc_per_node + local_rank;
   EnvVars vars = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
-      {"GROUP_RANK", std::to_string(options.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
+      {"GROUP_RANK", std::to_string(position)},
+      {"GROUP_WORLD_SIZE", std::to_string(nodes)},
       {"ROLE_NAME", "default"},
       {"ROLE_RANK", std::to_string(rank)},
       {"ROLE_WORLD_SIZE", std::to_string(world_size)},
@@ -35,6 +37,7 @@ EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const J
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
   };
   if (job.tty) vars.emplace_back("TRIREME_TTY", "1");
+  if (elastic(options)) vars.emplace_back("TRIREME_ELASTIC", "1");
   if (!job.snapshot_dir.empty()) vars.emplace_back("TRIREME_SNAPSHOT_DIR", job.snapshot_dir);
   return vars;
 }

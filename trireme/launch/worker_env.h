@@ -3,7 +3,8 @@
 // ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*), so
 // programs written for torchrun run unchanged; OMP_NUM_THREADS=1 unless already set (as
 // torchrun does when it starts several workers per node); TRIREME_TTY=1 when the
-// launcher's stderr is a terminal; TRIREME_SNAPSHOT_DIR, the directory in shared memory
+// launcher's stderr is a terminal; TRIREME_ELASTIC=1 in an elastic job (--nnodes MIN:MAX,
+// whose world size changes between generations); TRIREME_SNAPSHOT_DIR, the directory in shared memory
 // (/dev/shm) that the agent owns for the workers' snapshots: it outlives the workers and
 // is removed when the job ends; last LaunchOptions::extra_env, which overrides all.
 #pragma once
@@ -26,6 +27,10 @@ struct JobInfo {
   int restart_count = 0;    // TORCHELASTIC_RESTART_COUNT
   bool tty = false;         // the launcher's stderr is a terminal
   std::string snapshot_dir; // TRIREME_SNAPSHOT_DIR: the agent's in-memory snapshot area
+  // This generation's membership (elastic jobs re-number the agents present): this
+  // node's position among the members and their number; -1: --node-rank and --nnodes.
+  int node_position = -1;
+  int nodes = -1;
 };
 
 // The torchrun variables of local worker `local_rank` (0..nproc_per_node-1).

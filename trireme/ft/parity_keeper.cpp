@@ -1,0 +1,597 @@
+// ParityKeeper: protection rounds on a background thread, and the rebuild of lost
+// machines' protected copies on the survivors; see parity_keeper.h.
+#include "trireme/ft/parity_keeper.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "trireme/common/error.h"
+#include "trireme/dist/backend.h"
+#include "trireme/ft/checkpoint.h"
+#include "trireme/ft/parity_exchange.h"
+#include "trireme/ft/redundancy.h"
+#include "trireme/ft/snapshot.h"
+#include "trireme/obs/clock.h"
+
+namespace trireme::ft {
+
+namespace fs = std::filesystem;
+using launch::KeeperGeneration;
+using launch::KeeperRecovery;
+
+struct ParityKeeper::Committed {
+  int64_t step = 0;
+  std::vector<int> members;        // the generation whose plan `held` follows ({}: none)
+  std::vector<std::string> files;  // the blob's files, relative to AREA/protected/<step>/
+  ParityHeld held;
+};
+
+namespace {
+
+// The plan for a generation of `machines`: K+M, or, once the job has shrunk below K + M
+// machines, (machines - M)+M: still any M losses, with fewer data machines per codeword
+// (more parity memory each). Throws InvalidArgument when there are M machines or fewer.
+RedundancyPlan plan_for(int machines, int k, int m) {
+  return RedundancyPlan::make(machines, machines >= k + m ? k : machines - m, m);
+}
+
+// Gloo's limit on every operation of the keeper's groups, and the store's: how long stop()
+// and recover() can wait on a machine that vanished without closing its connections.
+constexpr std::chrono::seconds kGroupTimeout{30};
+// How often a round looks for a new snapshot step or at the other machines' readiness,
+// and so how soon it sees the stop flag there.
+constexpr std::chrono::milliseconds kPoll{25};
+// The files of a one-rank snapshot (ft/snapshot.h), the manifest last as its writer does:
+// a rebuild cut short leaves a directory without a manifest, never a manifest over
+// missing data.
+constexpr const char* kSnapshotFiles[] = {"data.bin", "manifest.json"};
+// First bytes of a blob; the number is its format version.
+constexpr char kBlobMagic[] = "TRIREME-PROTECTED 1\n";
+constexpr size_t kBlobMagicBytes = sizeof(kBlobMagic) - 1;
+
+std::string rank_name(int rank) { return "rank-" + std::to_string(rank); }
+std::string protected_root(const std::string& area) { return area + "/protected"; }
+
+std::string joined(const std::vector<int>& values, const char* separator) {
+  std::ostringstream out;
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? separator : "") << values[i];
+  return out.str();
+}
+
+std::string size_text(uint64_t bytes) {
+  char text[32];
+  if (bytes < (1u << 20))
+    std::snprintf(text, sizeof(text), "%.1f KiB", static_cast<double>(bytes) / (1 << 10));
+  else
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// The newest step every local rank has a complete snapshot of; 0 when there is none (or
+// the area changed under the look: the next look decides). With `listed_only`, from
+// directory listings and the manifests' presence alone (a snapshot's manifest is its last
+// file): cheap enough to look often, and never older than the full answer.
+int64_t newest_common_step(const KeeperGeneration& g, bool listed_only) {
+  if (g.local_ranks.empty()) return 0;
+  std::vector<int64_t> common;
+  try {
+    for (size_t i = 0; i < g.local_ranks.size(); ++i) {
+      const std::string dir = g.area + "/" + rank_name(g.local_ranks[i]);
+      std::vector<int64_t> steps;
+      if (listed_only) {
+        for (int64_t step : checkpoint_steps(dir))
+          if (fs::exists(dir + "/" + std::to_string(step) + "/manifest.json")) steps.push_back(step);
+      } else {
+        steps = Snapshotter::complete_steps(dir);
+      }
+      std::sort(steps.begin(), steps.end());
+      if (i == 0) {
+        common = std::move(steps);
+        continue;
+      }
+      std::vector<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(), std::back_inserter(both));
+      common = std::move(both);
+    }
+  } catch (const std::exception&) {
+    return 0;  // a snapshot was being replaced while it was looked at
+  }
+  return common.empty() ? 0 : common.back();
+}
+
+// Copies the snapshot directory `from` (of step `step`) to `to` and verifies the copy's
+// every CRC. "" when it verifies, else why not.
+std::string copy_snapshot(const std::string& from, const std::string& to, int64_t step) {
+  try {
+    fs::create_directories(to);
+    for (const char* name : kSnapshotFiles)
+      fs::copy_file(from + "/" + name, to + "/" + name, fs::copy_options::overwrite_existing);
+    const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/true);
+    if (copy.step() != step) return to + ": holds step " + std::to_string(copy.step());
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// The blob of the files `paths` under `root`, in that order:
+//   kBlobMagic, u32 file count, then per file: u32 path bytes, path, u64 data bytes, data
+// (native byte order: the machines of a job share one).
+template <typename T>
+void put(std::vector<uint8_t>& out, size_t& at, T value) {
+  std::memcpy(out.data() + at, &value, sizeof(T));
+  at += sizeof(T);
+}
+
+std::vector<uint8_t> serialize(const std::string& root, const std::vector<std::string>& paths) {
+  size_t total = kBlobMagicBytes + sizeof(uint32_t);
+  std::vector<uint64_t> sizes;
+  for (const std::string& path : paths) {
+    sizes.push_back(fs::file_size(root + "/" + path));
+    total += sizeof(uint32_t) + path.size() + sizeof(uint64_t) + sizes.back();
+  }
+  std::vector<uint8_t> blob(total);
+  size_t at = 0;
+  std::memcpy(blob.data(), kBlobMagic, kBlobMagicBytes);
+  at += kBlobMagicBytes;
+  put(blob, at, static_cast<uint32_t>(paths.size()));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    put(blob, at, static_cast<uint32_t>(paths[i].size()));
+    std::memcpy(blob.data() + at, paths[i].data(), paths[i].size());
+    at += paths[i].size();
+    put(blob, at, sizes[i]);
+    const std::string file = root + "/" + paths[i];
+    std::ifstream in(file, std::ios::binary);
+    if (!in.read(reinterpret_cast<char*>(blob.data() + at), static_cast<std::streamsize>(sizes[i])))
+      TRIREME_THROW(Error, "cannot read ", file, " back for the parity exchange");
+    at += sizes[i];
+  }
+  return blob;
+}
+
+struct BlobFile {
+  std::string path;
+  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// A path a blob may hold: relative, no empty, "." or ".." component.
+bool plain_relative(const std::string& path) {
+  if (path.empty() || path.front() == '/') return false;
+  std::istringstream parts(path);
+  for (std::string part; std::getline(parts, part, '/');)
+    if (part.empty() || part == "." || part == "..") return false;
+  return path.back() != '/';
+}
+
+// The files of a blob; throws CheckpointCorrupt when it is not one.
+std::vector<BlobFile> parse_blob(const std::vector<uint8_t>& blob) {
+  size_t at = 0;
+  const auto take = [&](size_t n) {
+    if (blob.size() - at < n) TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob is truncated");
+    const uint8_t* p = blob.data() + at;
+    at += n;
+    return p;
+  };
+  const auto number = [&](auto zero) {
+    decltype(zero) value;
+    std::memcpy(&value, take(sizeof(value)), sizeof(value));
+    return value;
+  };
+  if (std::memcmp(take(kBlobMagicBytes), kBlobMagic, kBlobMagicBytes) != 0)
+    TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob does not start with its magic line");
+  const uint32_t count = number(uint32_t{});
+  if (count > blob.size() / (sizeof(uint32_t) + sizeof(uint64_t)))
+    TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob claims ", count, " files");
+  std::vector<BlobFile> files(count);
+  for (BlobFile& f : files) {
+    const uint32_t length = number(uint32_t{});
+    const uint8_t* name = take(length);
+    f.path.assign(reinterpret_cast<const char*>(name), length);
+    if (!plain_relative(f.path))
+      TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob names the path '", f.path, "'");
+    f.bytes = number(uint64_t{});
+    f.data = take(f.bytes);
+  }
+  if (at != blob.size()) TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob has bytes after its last file");
+  return files;
+}
+
+// Writes a blob's files under `root`, each top directory (a rank's) replaced whole;
+// returns the top directories in order.
+std::vector<std::string> write_blob(const std::vector<uint8_t>& blob, const std::string& root) {
+  const std::vector<BlobFile> files = parse_blob(blob);
+  std::vector<std::string> tops;
+  for (const BlobFile& f : files) {
+    const std::string top = f.path.substr(0, f.path.find('/'));
+    if (std::find(tops.begin(), tops.end(), top) == tops.end()) {
+      fs::remove_all(root + "/" + top);
+      tops.push_back(top);
+    }
+    const fs::path target = fs::path(root) / f.path;
+    fs::create_directories(target.parent_path());
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(f.data), static_cast<std::streamsize>(f.bytes));
+    out.close();
+    if (!out) TRIREME_THROW(Error, "cannot write ", target.string());
+  }
+  return tops;
+}
+
+// A client of the rendezvous store, its keys under `prefix`.
+dist::Store connect_store(const KeeperGeneration& g, const std::string& prefix) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(g.store_port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = kGroupTimeout;
+  dist::Store client;
+  try {
+    client = c10::make_intrusive<c10d::TCPStore>(g.store_host, options);
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, "snapshot redundancy cannot reach the rendezvous store at ", g.store_host, ":",
+                  g.store_port, ": ", dist::error_text(e));
+  }
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, client);
+}
+
+dist::Group agents_group(const dist::Store& store, int rank, int size) {
+  dist::GroupOptions options;
+  options.timeout = kGroupTimeout;
+  return dist::create_gloo_group(store, rank, size, options);
+}
+
+// The element-wise minimum over the group.
+std::vector<int64_t> all_min(const dist::Group& group, const std::vector<int64_t>& values, const char* what) {
+  std::vector<at::Tensor> tensors{at::tensor(values, at::kLong)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MIN;
+  dist::run_collective(what, [&] { return group->allreduce(tensors, options); });
+  const at::Tensor& t = tensors[0];
+  return {t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()};
+}
+
+// Removes a round's copy unless it was committed.
+struct RoundCopy {
+  std::string path;
+  bool committed = false;
+  ~RoundCopy() {
+    std::error_code ignored;
+    if (!committed) fs::remove_all(path, ignored);
+  }
+};
+
+bool is_step_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+ParityKeeper::ParityKeeper(int k, int m) : k_(k), m_(m) {
+  TRIREME_CHECK(k >= 1 && m >= 0, "--redundancy needs K >= 1 and M >= 0, got ", k, "+", m);
+}
+
+ParityKeeper::~ParityKeeper() { stop(); }
+
+void ParityKeeper::start(const KeeperGeneration& g) {
+  stop();
+  stop_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.error.clear();
+  }
+  thread_ = std::thread([this, g] { run(g); });
+}
+
+void ParityKeeper::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t ParityKeeper::protected_step() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_.protected_step;
+}
+
+KeeperStats ParityKeeper::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void ParityKeeper::run(const KeeperGeneration& g) {
+  const sched_param none{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);  // best effort
+  const auto fail = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.error = why;
+  };
+  const int machines = static_cast<int>(g.members.size());
+  RedundancyPlan plan;
+  try {
+    plan = plan_for(machines, k_, m_);
+  } catch (const InvalidArgument&) {
+    const std::string why = "--redundancy " + std::to_string(k_) + "+" + std::to_string(m_) + " needs more than " +
+                            std::to_string(m_) + " machines; generation " + std::to_string(g.generation) +
+                            " has " + std::to_string(machines) + ", so its snapshots are not protected";
+    fail(why);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!warned_) std::fprintf(stderr, "trireme run: %s\n", why.c_str());
+    warned_ = true;
+    return;
+  }
+  try {
+    const std::string root = protected_root(g.area);
+    fs::create_directories(root);
+    for (const auto& entry : fs::directory_iterator(root))  // copies of rounds cut short earlier
+      if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
+    const dist::Store store = connect_store(g, "trireme/keeper/" + std::to_string(g.generation));
+    const dist::Group group =
+        agents_group(c10::make_intrusive<c10d::PrefixStore>("group", store), g.position, machines);
+
+    // Only steps newer than any protected before: a protected step may be in use (the
+    // workers of this generation resuming from what recover() rebuilt there).
+    int64_t tried = protected_step();
+    for (int round = 0;; ++round) {
+      // 1. A newer step here.
+      int64_t newest = 0;
+      while (newest_common_step(g, /*listed_only=*/true) <= tried ||
+             (newest = newest_common_step(g, /*listed_only=*/false)) <= tried) {
+        if (stop_) return;
+        std::this_thread::sleep_for(kPoll);
+      }
+      // 2. The round's step: the oldest of the machines' newest.
+      const std::string prefix = "ready/" + std::to_string(round) + "/";
+      const std::string text = std::to_string(newest);
+      store->set(prefix + std::to_string(g.position), std::vector<uint8_t>(text.begin(), text.end()));
+      std::vector<std::string> keys;
+      for (int p = 0; p < machines; ++p) keys.push_back(prefix + std::to_string(p));
+      while (!store->check(keys)) {
+        if (stop_) return;
+        std::this_thread::sleep_for(kPoll);
+      }
+      int64_t step = newest;
+      for (const std::string& key : keys) {
+        const std::vector<uint8_t> value = store->get(key);
+        step = std::min<int64_t>(step, std::stoll(std::string(value.begin(), value.end())));
+      }
+      // 3. Copy and verify.
+      if (stop_) return;
+      const double copy_start = obs::now_us();
+      RoundCopy copy{root + "/.tmp-" + std::to_string(step)};
+      fs::remove_all(copy.path);
+      bool copied = step > tried;  // never over a protected step (see above)
+      std::vector<std::string> files;
+      for (int rank : g.local_ranks) {
+        if (!copied) break;
+        const std::string from = g.area + "/" + rank_name(rank) + "/" + std::to_string(step);
+        copied = copy_snapshot(from, copy.path + "/" + rank_name(rank), step).empty();
+        for (const char* name : kSnapshotFiles) files.push_back(rank_name(rank) + "/" + name);
+      }
+      const double copy_ms = (obs::now_us() - copy_start) / 1e3;
+      // 4. Every machine's copy verified, or the round is dropped everywhere.
+      if (stop_) return;
+      copied = all_min(group, {copied ? 1 : 0}, "snapshot redundancy: copies verified")[0] == 1;
+      store->deleteKey(prefix + std::to_string(g.position));  // every machine has read the round's keys
+      tried = step;
+      if (!copied) {
+        fs::remove_all(copy.path);
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.skipped;
+        continue;
+      }
+      // 5. Parity.
+      if (stop_) return;
+      const double exchange_start = obs::now_us();
+      uint64_t blob_bytes = 0;
+      ParityHeld held;
+      {
+        const std::vector<uint8_t> blob = serialize(copy.path, files);
+        blob_bytes = blob.size();
+        held = exchange_parity(plan, g.position, blob.data(), blob.size(), group);
+      }
+      // 6. Commit once every machine has its parity.
+      if (stop_) return;
+      all_min(group, {1}, "snapshot redundancy: commit barrier");
+      const double exchange_ms = (obs::now_us() - exchange_start) / 1e3;
+      const std::string target = root + "/" + std::to_string(step);
+      fs::remove_all(target);
+      fs::rename(copy.path, target);
+      copy.committed = true;
+      for (const auto& entry : fs::directory_iterator(root)) {
+        const std::string name = entry.path().filename().string();
+        if (is_step_name(name) && name != std::to_string(step)) fs::remove_all(entry.path());
+      }
+      uint64_t parity_bytes = 0;
+      for (const auto& [where, block] : held.parity) parity_bytes += block.size();
+      auto state = std::make_unique<Committed>();
+      *state = {step, g.members, std::move(files), std::move(held)};
+      std::lock_guard<std::mutex> lock(mutex_);
+      committed_ = std::move(state);
+      ++stats_.rounds;
+      stats_.protected_step = step;
+      stats_.copy_ms = copy_ms;
+      stats_.exchange_ms = exchange_ms;
+      stats_.copy_bytes = blob_bytes;
+      stats_.parity_bytes = parity_bytes;
+    }
+  } catch (const std::exception& e) {
+    fail(dist::error_text(e));
+  }
+}
+
+KeeperRecovery ParityKeeper::recover(const KeeperGeneration& previous, const KeeperGeneration& next) {
+  try {
+    return recover_or_throw(previous, next);
+  } catch (const std::exception& e) {
+    return {0, false, "snapshot redundancy: recovery failed: " + dist::error_text(e)};
+  }
+}
+
+KeeperRecovery ParityKeeper::recover_or_throw(const KeeperGeneration& previous, const KeeperGeneration& next) {
+  stop();
+  const int machines = static_cast<int>(previous.members.size());
+  TRIREME_CHECK(previous.position >= 0 && previous.position < machines, "position ", previous.position,
+                " is not a machine of generation ", previous.generation);
+  // Machines are indices into previous.members; ranks, indices among the survivors.
+  std::vector<int> rank_of_machine(static_cast<size_t>(machines), -1), lost, lost_nodes;
+  int survivors = 0;
+  for (int machine = 0; machine < machines; ++machine) {
+    const int node = previous.members[static_cast<size_t>(machine)];
+    if (std::find(next.members.begin(), next.members.end(), node) != next.members.end()) {
+      rank_of_machine[static_cast<size_t>(machine)] = survivors++;
+    } else {
+      lost.push_back(machine);
+      lost_nodes.push_back(node);
+    }
+  }
+  const int me = previous.position;
+  TRIREME_CHECK(rank_of_machine[static_cast<size_t>(me)] >= 0, "node ", previous.members[static_cast<size_t>(me)],
+                " is not in generation ", next.generation, ": only survivors recover");
+  const Committed* state = committed_ && committed_->members == previous.members ? committed_.get() : nullptr;
+  std::string stopped;  // why this machine's protection had stopped, if it had
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stats_.error.empty()) stopped = "; protection here had stopped: " + stats_.error;
+  }
+
+  const dist::Store store = connect_store(next, "trireme/keeper/" + std::to_string(next.generation) + "/recover");
+  const dist::Group group = agents_group(store, rank_of_machine[static_cast<size_t>(me)], survivors);
+  const int64_t mine = state ? state->step : 0;
+  const std::vector<int64_t> agreed = all_min(group, {mine, -mine}, "snapshot redundancy: protected step");
+  const int64_t step = agreed[0] == -agreed[1] ? agreed[0] : 0;
+  const std::string step_text = std::to_string(step);
+  const std::string nodes_text = "node" + std::string(lost_nodes.size() > 1 ? "s " : " ") + joined(lost_nodes, ", ");
+  const std::string redundancy = "--redundancy " + std::to_string(k_) + "+" + std::to_string(m_);
+
+  // Free the parity once it no longer matches the job's machines; the step stays, so that
+  // later rounds do not protect over it.
+  struct ReleaseParity {
+    ParityKeeper& keeper;
+    bool release;
+    ~ReleaseParity() {
+      if (!release) return;
+      std::lock_guard<std::mutex> lock(keeper.mutex_);
+      if (keeper.committed_) {
+        keeper.committed_->members.clear();
+        keeper.committed_->held = ParityHeld{};
+      }
+      keeper.stats_.parity_bytes = 0;
+    }
+  } release{*this, next.members != previous.members};
+
+  if (lost.empty())
+    return {step, true,
+            "snapshot redundancy: no machine lost; " +
+                (step ? "step " + step_text + " stays protected" : std::string("no step was protected"))};
+  if (step == 0) {
+    const std::string why = agreed[0] == -agreed[1]
+                                ? "no snapshot step had been protected"
+                                : "the survivors had protected different steps (" + std::to_string(agreed[0]) +
+                                      " to " + std::to_string(-agreed[1]) + ")";
+    return {0, false, "snapshot redundancy: lost " + nodes_text + ", but " + why + stopped};
+  }
+  if (m_ == 0)
+    return {step, false,
+            "snapshot redundancy: lost " + nodes_text + "; " + redundancy +
+                " keeps no parity, so their snapshots cannot be rebuilt from memory"};
+  const RedundancyPlan plan = plan_for(machines, k_, m_);
+  for (const RedundancyGroup& g : plan.groups) {
+    if (g.recoverable(lost)) continue;
+    std::vector<int> here;
+    for (int machine : g.machines)
+      if (std::find(lost.begin(), lost.end(), machine) != lost.end())
+        here.push_back(previous.members[static_cast<size_t>(machine)]);
+    return {step, false,
+            "snapshot redundancy: lost " + std::to_string(here.size()) + " machines (node ids " + joined(here, ", ") +
+                ") of one redundancy group; " + redundancy + " tolerates " + std::to_string(m_) +
+                " per group: their snapshots cannot be rebuilt from memory"};
+  }
+
+  // Every survivor of a group that lost machines gives its blob, re-read from its copy.
+  const std::string root = protected_root(previous.area) + "/" + step_text;
+  const RedundancyGroup& mine_group = plan.group_of(me);
+  const bool affected = std::any_of(mine_group.machines.begin(), mine_group.machines.end(), [&](int machine) {
+    return std::find(lost.begin(), lost.end(), machine) != lost.end();
+  });
+  std::vector<uint8_t> blob;
+  std::string unreadable;
+  if (affected) {
+    try {
+      blob = serialize(root, state->files);
+      if (blob.size() != state->held.sizes.at(me))
+        unreadable = root + " is not what was protected (" + std::to_string(blob.size()) + " bytes, " +
+                     std::to_string(state->held.sizes.at(me)) + " exchanged)";
+    } catch (const std::exception& e) {
+      unreadable = e.what();
+    }
+  }
+  if (all_min(group, {unreadable.empty() ? 1 : 0}, "snapshot redundancy: copies readable")[0] == 0)
+    return {step, false,
+            "snapshot redundancy: lost " + nodes_text + ", but a survivor could not read back its copy of step " +
+                step_text + (unreadable.empty() ? std::string() : " (" + unreadable + ")")};
+
+  const double start = obs::now_us();
+  std::map<int, std::vector<uint8_t>> rebuilt =
+      rebuild_lost(plan, me, lost, blob.data(), state->held, group, rank_of_machine);
+  blob = {};
+  std::vector<std::string> done;
+  std::string failure;
+  for (auto& [machine, bytes] : rebuilt) {
+    const std::string node = "node " + std::to_string(previous.members[static_cast<size_t>(machine)]);
+    try {
+      std::vector<int> ranks;
+      for (const std::string& dir : write_blob(bytes, root)) {
+        const Checkpoint copy = Checkpoint::open(root + "/" + dir, /*verify_data=*/true);
+        TRIREME_CHECK(copy.step() == step, root, "/", dir, " holds step ", copy.step());
+        ranks.push_back(copy.layout().rank >= 0 ? copy.layout().rank : std::stoi(dir.substr(dir.find('-') + 1)));
+      }
+      done.push_back(node + " (ranks " + joined(ranks, ",") + "; " + size_text(bytes.size()) + ")");
+    } catch (const std::exception& e) {
+      failure = node + ": " + dist::error_text(e);
+    }
+    bytes = {};
+  }
+  const double ms = (obs::now_us() - start) / 1e3;
+  if (all_min(group, {failure.empty() ? 1 : 0}, "snapshot redundancy: rebuilt copies verified")[0] == 0)
+    return {step, false,
+            failure.empty() ? "snapshot redundancy: rebuilding step " + step_text + " of lost " + nodes_text +
+                                  " failed on another survivor (see its log)"
+                            : "snapshot redundancy: the rebuilt snapshot of step " + step_text + " of " + failure};
+  if (!done.empty()) {
+    std::string what;
+    for (size_t i = 0; i < done.size(); ++i) what += (i ? " and " : "") + done[i];
+    char took[32];
+    std::snprintf(took, sizeof(took), "%.0f ms", ms);
+    return {step, true,
+            "snapshot redundancy: rebuilt the snapshot of step " + step_text + " of " + what + " from parity in " +
+                took};
+  }
+  std::vector<std::string> where;  // which survivor rebuilt each lost machine
+  for (int machine : lost) {
+    for (int other : plan.group_of(machine).machines)
+      if (rank_of_machine[static_cast<size_t>(other)] >= 0) {
+        where.push_back("node " + std::to_string(previous.members[static_cast<size_t>(machine)]) + " on node " +
+                        std::to_string(previous.members[static_cast<size_t>(other)]));
+        break;
+      }
+  }
+  std::string what;
+  for (size_t i = 0; i < where.size(); ++i) what += (i ? ", " : "") + where[i];
+  return {step, true, "snapshot redundancy: step " + step_text + " of lost " + what + " rebuilt from parity"};
+}
+
+}  // namespace trireme::ft

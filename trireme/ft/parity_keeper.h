@@ -1,0 +1,105 @@
+// ParityKeeper: the node agent's SnapshotKeeper (launch/snapshot_keeper.h), which keeps
+// the newest snapshot step of every machine rebuildable from the other machines' memory
+// (issue 6, --redundancy K+M).
+//
+// Terms. The area is the node's snapshot area (AREA/rank-<R>/<step>/, ft/snapshot.h). A
+// machine's newest common step is the newest step that every one of its local ranks has a
+// complete snapshot of. Its protected copy of step S is AREA/protected/<S>/rank-<R>/
+// {manifest.json,data.bin} for each local rank R; its blob is that copy serialized into
+// one byte string (a magic line, the file count, then per file its relative path and
+// bytes), which is what ft/parity_exchange.h codes across machines.
+//
+// A round, on a background thread at SCHED_IDLE priority (it runs in the machine's idle
+// moments; Gloo's threads, created from it, inherit that priority), over a Gloo group of
+// the agents (rank = machine index) made for the generation:
+//   1. wait until the newest common step is newer than the last step tried
+//   2. agree on the round's step S, the oldest of the machines' newest: each machine puts
+//      its own under the store and waits for the others'. Through the store, not a
+//      collective: how long this waits depends on training, and must not run into the
+//      group's timeout; stop() ends the wait.
+//   3. copy each local rank's AREA/rank-<R>/<S>/ to AREA/protected/.tmp-<S>/rank-<R>/ and
+//      verify every CRC of the copy: workers reuse a snapshot's files for the snapshot
+//      three steps later, so a copy can be torn (or S gone).
+//   4. all-reduce MIN of "every copy verified"; where one did not, every machine drops its
+//      copy and waits for a step newer than S
+//   5. exchange parity of the blobs (RedundancyPlan::make(machines, K, M))
+//   6. all-reduce MIN of "exchanged" (a commit barrier: a machine whose exchange failed
+//      leaves the group, and the others' all-reduce fails); then rename the copy to
+//      AREA/protected/<S>/, remove older protected steps, keep the parity in memory.
+// A failure in a round (a peer gone: a Gloo error) ends the thread; what the last
+// committed round protected stays. The round prints nothing; stats() tells.
+//
+// recover() runs on the caller's thread over a Gloo group of the survivors alone (rank =
+// index among them, ascending node id): they agree on the protected step S (a machine's
+// is 0 unless its parity was made for `previous`'s members); the survivors of each
+// redundancy group that lost machines re-serialize their blobs from AREA/protected/<S>/
+// and send their blocks to the group's lowest survivor, the rebuilder, which rebuilds the
+// lost machines' blobs and writes their files under its AREA/protected/<S>/ (verified as
+// the copies are). Rounds of a later generation protect only steps newer than S, so the
+// rebuilt directories stay while the next workers resume from them.
+//
+// Memory per machine: the protected copy (in the area, on /dev/shm: about one snapshot
+// of the machine's ranks) plus m parity blocks of 1/k' of its group's largest blob each
+// (k' = the group's size - m) in this process, for the life of the protection. During a round, for a moment, the blob
+// and the exchange's buffers, about (2 + m) blobs more.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "trireme/launch/snapshot_keeper.h"
+
+namespace trireme::ft {
+
+// What a keeper has done; byte counts are this machine's.
+struct KeeperStats {
+  int64_t protected_step = 0;  // the step of the last committed round (0: none)
+  int rounds = 0;              // rounds committed
+  int skipped = 0;             // rounds dropped because a copy did not verify on some machine
+  double copy_ms = 0;          // the last committed round's copy and verification
+  double exchange_ms = 0;      // its serialization, parity exchange and commit barrier
+  uint64_t copy_bytes = 0;     // the protected copy's blob (files under AREA/protected/<step>/)
+  uint64_t parity_bytes = 0;   // parity blocks held in memory
+  std::string error;           // why protection stopped before stop() ("" when it did not)
+};
+
+class ParityKeeper final : public launch::SnapshotKeeper {
+ public:
+  // k data and m parity blocks per codeword (--redundancy K+M); m = 0 copies snapshots to
+  // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt.
+  ParityKeeper(int k, int m);
+  ~ParityKeeper() override;  // stops
+  ParityKeeper(const ParityKeeper&) = delete;
+  ParityKeeper& operator=(const ParityKeeper&) = delete;
+
+  // Stops the rounds of an earlier generation first. With fewer than K+M members nothing
+  // is protected (one line on stderr, and stats().error, say so).
+  void start(const launch::KeeperGeneration& g) override;
+  void stop() override;
+  launch::KeeperRecovery recover(const launch::KeeperGeneration& previous,
+                                 const launch::KeeperGeneration& next) override;
+
+  int64_t protected_step() const;
+  KeeperStats stats() const;
+
+ private:
+  struct Committed;  // the protected state: step, parity, what the blob holds
+
+  void run(const launch::KeeperGeneration& g);
+  launch::KeeperRecovery recover_or_throw(const launch::KeeperGeneration& previous,
+                                          const launch::KeeperGeneration& next);
+
+  const int k_, m_;
+  mutable std::mutex mutex_;             // guards committed_ and stats_
+  std::unique_ptr<Committed> committed_;
+  KeeperStats stats_;
+  bool warned_ = false;                  // the line about too few machines was printed
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace trireme::ft
