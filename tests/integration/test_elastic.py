@@ -13,6 +13,8 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
   the others go on from the step the job had reached (no step lost);
 - losing more machines than the redundancy covers falls back to the newest disk checkpoint,
   saying so;
+- with the store on its own (`trireme store`, --rdzv-external), node 0 is a machine like
+  the others: killing it leaves the job running on nodes 1 and 2;
 - nothing is left behind: no worker process, no snapshot area."""
 import os
 import shutil
@@ -158,6 +160,22 @@ class Elastic(unittest.TestCase):
         self.check_curve(out, ref, "3 machines, one killed at step >= 10, replacement joined at step >= 20")
         self.assertEqual(workers_alive(self.marker), [])
         self.assertEqual(os.listdir(self.areas), [])
+
+    def test_node_zero_may_be_lost_with_a_store_of_its_own(self):
+        store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)
+        self.procs.append(store)
+        port = int(store.stdout.readline().split("listening on port ")[1].split(";")[0])
+        ref = self.reference()
+        out = os.path.join(self.dir, "run")
+        agents = [self.start(n, port, out, ["--rdzv-external"]) for n in range(3)]
+        self.wait_for_step(out, 10, agents)
+        self.kill_machine(agents[0], 0)
+        errs = self.finish(agents, [1, 2])
+        self.assertIn("node 0 is lost", errs[1] + errs[2])
+        self.assertIn("going on with nodes 1,2", errs[1] + errs[2])
+        self.check_curve(out, ref, "store apart, node 0 killed at step >= 10")
+        store.send_signal(signal.SIGTERM)
+        self.assertEqual(store.wait(timeout=30), 0)
 
     def test_preemption_notice(self):
         out = os.path.join(self.dir, "run")

@@ -25,6 +25,9 @@ int report_main(const std::vector<std::string>& args);
 // one under DIR) and prints its step, layout and tensors.
 int checkpoint_main(const std::vector<std::string>& args);
 
+// trireme store --port P: the rendezvous store on its own (for --rdzv-external jobs).
+int store_main(const std::vector<std::string>& args);
+
 // The per-rank body of `trireme train gpt`, run inside a launched worker.
 int train_worker_main(const std::vector<std::string>& args);
 

@@ -36,6 +36,9 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
   parser.add("rdzv", &flags->rdzv,
              "HOST:PORT of node 0's rendezvous store, the same on every node "
              "(default: an ephemeral port on 127.0.0.1, single node only)");
+  parser.add_switch("rdzv-external", &o.external_store,
+                    "the store at --rdzv runs apart from the agents (`trireme store --port P` on a host that "
+                    "stays): node 0 does not host it and may be lost like any other node");
   parser.add("max-restarts", &o.max_restarts, "restart all workers after a failure up to N times (one machine); trireme train resumes them from snapshots");
   parser.add("standby", &flags->standby,
              "1: with --max-restarts, start each next generation's workers ahead of time so that a restart "

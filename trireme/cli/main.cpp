@@ -37,6 +37,7 @@ constexpr const char* kUsage =
     "  schedule  print and draw a pipeline schedule: trireme schedule --schedule zb-h1\n"
     "  report  draw a run's pipeline and measure its bubble: trireme report runs/mine\n"
     "  checkpoint  verify and describe a checkpoint: trireme checkpoint inspect runs/mine/checkpoints\n"
+    "  store   a rendezvous store of its own, so that any machine may be lost: trireme store --port 29500\n"
     "run 'trireme <command> --help' for its flags\n";
 
 // Errors reach the user as one line: collapse any newlines a lower layer put in.
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
     if (command == "schedule") return trireme::cli::schedule_main(args);
     if (command == "report") return trireme::cli::report_main(args);
     if (command == "checkpoint") return trireme::cli::checkpoint_main(args);
+    if (command == "store") return trireme::cli::store_main(args);
     if (command == "__train-worker") return trireme::cli::train_worker_main(args);
     std::fprintf(stderr, "trireme: unknown command '%s'; run 'trireme --help' for the commands\n",
                  command.c_str());

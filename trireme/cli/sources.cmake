@@ -6,6 +6,7 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/run.cpp
   trireme/cli/checkpoint.cpp
   trireme/cli/schedule.cpp
+  trireme/cli/store.cpp
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
   trireme/cli/train_data_parallel.cpp

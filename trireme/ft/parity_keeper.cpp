@@ -312,6 +312,22 @@ KeeperStats ParityKeeper::stats() const {
   return stats_;
 }
 
+std::string ParityKeeper::summary() const {
+  const KeeperStats s = stats();
+  if (s.rounds == 0) return "";
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "snapshot redundancy: %d rounds protected (newest step %lld, %d skipped); median copy %.1f ms, "
+                "exchange %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity",
+                s.rounds, static_cast<long long>(s.protected_step), s.skipped, median(s.round_copy_ms),
+                median(s.round_exchange_ms), s.copy_bytes / 1048576.0, s.parity_bytes / 1048576.0);
+  return line;
+}
+
 void ParityKeeper::run(const KeeperGeneration& g) {
   const sched_param none{};
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);  // best effort
@@ -425,6 +441,8 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       stats_.protected_step = step;
       stats_.copy_ms = copy_ms;
       stats_.exchange_ms = exchange_ms;
+      stats_.round_copy_ms.push_back(copy_ms);
+      stats_.round_exchange_ms.push_back(exchange_ms);
       stats_.copy_bytes = blob_bytes;
       stats_.parity_bytes = parity_bytes;
     }

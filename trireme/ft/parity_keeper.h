@@ -50,6 +50,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "trireme/launch/snapshot_keeper.h"
 
@@ -62,6 +63,7 @@ struct KeeperStats {
   int skipped = 0;             // rounds dropped because a copy did not verify on some machine
   double copy_ms = 0;          // the last committed round's copy and verification
   double exchange_ms = 0;      // its serialization, parity exchange and commit barrier
+  std::vector<double> round_copy_ms, round_exchange_ms;  // every committed round's, in order
   uint64_t copy_bytes = 0;     // the protected copy's blob (files under AREA/protected/<step>/)
   uint64_t parity_bytes = 0;   // parity blocks held in memory
   std::string error;           // why protection stopped before stop() ("" when it did not)
@@ -85,6 +87,8 @@ class ParityKeeper final : public launch::SnapshotKeeper {
 
   int64_t protected_step() const;
   KeeperStats stats() const;
+  // One line on what the keeper did (rounds, median copy and exchange times, memory held).
+  std::string summary() const override;
 
  private:
   struct Committed;  // the protected state: step, parity, what the blob holds

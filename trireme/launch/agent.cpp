@@ -151,7 +151,8 @@ class Agent {
   LaunchResult run();
 
  private:
-  bool is_host() const { return options_.node_rank == 0; }
+  // Whether this agent's process hosts the store (node 0, unless it runs apart).
+  bool is_host() const { return options_.node_rank == 0 && !options_.external_store; }
   std::string node() const { return "node " + std::to_string(options_.node_rank); }
   std::string rdzv() const { return store_.host + ":" + std::to_string(store_.port); }
   std::string worker_name(const Worker& w) const;
@@ -280,6 +281,7 @@ LaunchResult Agent::run() {
     if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
     if (event.ending == Ending::kNodeLost) event.ending = Ending::kWorkerFailed;  // published as the job's failure
     end_standby();
+    if (keeper_ && !keeper_->summary().empty()) write_all(io_.stderr_fd, "trireme run: " + node() + ": " + keeper_->summary() + "\n");
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
@@ -504,7 +506,7 @@ void Agent::remove_snapshot_dir() {
 // ---- step 1: join ------------------------------------------------------------------------
 
 std::optional<LaunchResult> Agent::join() {
-  if (is_host()) {
+  if (is_host() || (options_.external_store && channel_.add(keys::kRunIdClaim, 1) == 1)) {
     run_id_ = new_run_id();
     channel_.set(keys::kRunId, run_id_);
   }
@@ -539,7 +541,10 @@ std::optional<LaunchResult> Agent::join() {
                  " --node-rank R --rdzv " + rdzv() +
                  " ...' on the missing nodes, or raise --join-timeout"};
   }
-  if (!is_host()) run_id_ = channel_.try_get(keys::kRunId).value_or("none");
+  if (run_id_ == "none") {
+    channel_.wait_for(keys::kRunId, std::chrono::seconds(options_.join_timeout_s));
+    run_id_ = channel_.try_get(keys::kRunId).value_or("none");
+  }
   for (int id = 0; id < options_.nnodes; ++id) members_.push_back(id);
   position_ = options_.node_rank;
   return std::nullopt;

@@ -3,7 +3,8 @@
 // The real one is TcpStoreChannel (tcp_store_channel.h), a client of node 0's c10d TCPStore.
 //
 // Keys the agents use (all under "trireme/"; workers share the store and use other keys):
-//   trireme/run_id          set by node 0 before joining; becomes TORCHELASTIC_RUN_ID
+//   trireme/run_id          set by node 0 before joining (with --rdzv-external: by the
+//                           first agent to claim it); becomes TORCHELASTIC_RUN_ID
 //   trireme/agents/joined   counter; each agent adds 1 when it arrives
 //   trireme/agents/ready    set by the agent whose add made `joined` reach nnodes
 //   trireme/failure         one line naming the first failed rank (or stopped agent);
@@ -40,6 +41,8 @@ namespace trireme::launch {
 
 namespace keys {
 inline constexpr const char* kRunId = "trireme/run_id";
+// With a store of its own (--rdzv-external), the agent whose add makes this 1 sets run_id.
+inline constexpr const char* kRunIdClaim = "trireme/run_id/claim";
 inline constexpr const char* kJoined = "trireme/agents/joined";
 inline constexpr const char* kReady = "trireme/agents/ready";
 inline constexpr const char* kFailure = "trireme/failure";

@@ -22,7 +22,7 @@ LaunchResult launch(const LaunchOptions& options) {
                 "': no such executable file (give a path, or put it on PATH)");
   const std::chrono::milliseconds timeout(1000LL * options.join_timeout_s);
   std::unique_ptr<TcpStoreChannel> channel =
-      options.node_rank == 0 ? TcpStoreChannel::host(options.rdzv_port, timeout)
+      options.node_rank == 0 && !options.external_store ? TcpStoreChannel::host(options.rdzv_port, timeout)
                              : TcpStoreChannel::connect(options.rdzv_host, options.rdzv_port,
                                                         timeout);
   const StoreAddress store{options.rdzv_host, channel->port()};

@@ -5,7 +5,8 @@
 // Terms:
 //   agent   one `trireme run` process per node (machine); it owns the node's workers
 //   node    agents are numbered 0..nnodes-1 (--node-rank); node 0 hosts the rendezvous
-//           store (a c10d TCPStore) that the other agents and all workers connect to
+//           store (a c10d TCPStore) that the other agents and all workers connect to,
+//           unless the store runs on its own (`trireme store`, --rdzv-external)
 //   worker  one process of the user's program; global RANK = node_rank*nproc + local rank
 //
 // This header includes no libtorch header; the TCPStore lives in tcp_store_channel.cpp.
@@ -25,6 +26,9 @@ struct LaunchOptions {
   int nnodes_min = 0;
   int node_rank = 0;                      // this agent's index; 0 hosts the store
   std::string rdzv_host = "127.0.0.1";    // where node 0's store listens (MASTER_ADDR)
+  // The store runs apart from the agents (`trireme store`, on a host that does not come
+  // and go): no agent hosts it, so node 0 is a machine like the others and may be lost.
+  bool external_store = false;
   int rdzv_port = 0;                      // 0: an ephemeral port (single node only)
   int max_restarts = 0;                   // worker failures survived by restarting all workers
   int join_timeout_s = 120;               // how long agents wait for each other to join

@@ -21,6 +21,8 @@ void validate_launch_options(const LaunchOptions& o) {
   TRIREME_CHECK(o.preemption_grace_s >= 0, "--grace-seconds must be 0 or more, got ", o.preemption_grace_s);
   TRIREME_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank must be in 0..",
                 o.nnodes - 1, " for --nnodes ", o.nnodes, ", got ", o.node_rank);
+  TRIREME_CHECK(!o.external_store || o.rdzv_port != 0,
+                "--rdzv-external needs --rdzv HOST:PORT of the running `trireme store`");
   TRIREME_CHECK(o.nnodes == 1 || o.rdzv_port != 0, "--nnodes ", o.nnodes,
                 " needs --rdzv HOST:PORT with a fixed port, the same on every node "
                 "(HOST is node 0's address)");

@@ -53,6 +53,9 @@ class SnapshotKeeper {
   // directories under AREA/protected/<step>/. Members of `next` new to the job do not
   // call it. Never throws: a failure is reported in the result.
   virtual KeeperRecovery recover(const KeeperGeneration& previous, const KeeperGeneration& next) = 0;
+  // One line on what it did over the job (rounds, their cost, memory held), for the log
+  // when the job ends; "" when it protected nothing.
+  virtual std::string summary() const = 0;
 };
 
 }  // namespace trireme::launch
