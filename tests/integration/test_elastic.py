@@ -93,10 +93,10 @@ class Elastic(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def reference(self):
+    def reference(self, extra=()):
         out = os.path.join(self.dir, "reference")
         port = free_port()
-        agents = [self.start(n, port, out) for n in range(3)]
+        agents = [self.start(n, port, out, extra) for n in range(3)]
         for a in agents:
             _, err = a.communicate(timeout=300)
             self.assertEqual(a.returncode, 0, err[-3000:])
@@ -160,6 +160,24 @@ class Elastic(unittest.TestCase):
         self.check_curve(out, ref, "3 machines, one killed at step >= 10, replacement joined at step >= 20")
         self.assertEqual(workers_alive(self.marker), [])
         self.assertEqual(os.listdir(self.areas), [])
+
+    def test_zero_sharded_state_rebuilt_from_parity(self):
+        # Under ZeRO-1 each machine holds the only copy of its third of the optimizer
+        # state: after the kill, the survivors need the lost third, which only the parity
+        # can give back.
+        ref = self.reference(["--zero", "1"])
+        out = os.path.join(self.dir, "run")
+        port = free_port()
+        agents = [self.start(n, port, out, ["--zero", "1", "--redundancy", "2+1"]) for n in range(3)]
+        self.wait_for_step(out, 12, agents)
+        self.kill_machine(agents[2], 2)
+        errs = self.finish(agents, [0, 1])
+        both = errs[0] + errs[1]
+        self.assertIn("rebuilt the snapshot of step", both)
+        rebuilt = int(both.split("rebuilt the snapshot of step ")[1].split()[0])
+        self.assertIn(f"resumed at step {rebuilt} from memory", errs[0])
+        self.assertNotIn("checkpoint", both)
+        self.check_curve(out, ref, f"ZeRO-1, one machine killed, its optimizer state rebuilt from parity (step {rebuilt})")
 
     def test_node_zero_may_be_lost_with_a_store_of_its_own(self):
         store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)

@@ -62,8 +62,9 @@ int train_main(const std::vector<std::string>& args) {
   if (launch::elastic(launch_options)) {
     // Every size the job may shrink to must run: tp and pp stay, dp follows the nodes.
     TRIREME_CHECK(opt.dp == 0, "--dp is chosen per generation in an elastic job (--nnodes MIN:MAX); drop --dp");
-    TRIREME_CHECK(opt.zero == 0, "--zero with --nnodes MIN:MAX: resharding ZeRO's optimizer state into another "
-                                 "data-parallel size is not supported yet; drop --zero or use a fixed --nnodes");
+    TRIREME_CHECK(opt.zero == 0 || (opt.tp == 1 && opt.pp == 1),
+                  "--zero with --nnodes MIN:MAX re-shards the optimizer state over the ranks present only under "
+                  "pure data parallelism; drop --tp/--pp or --zero");
     for (int nodes = launch::min_nodes(launch_options); nodes < launch_options.nnodes; ++nodes) {
       TrainOptions at = opt;
       try {

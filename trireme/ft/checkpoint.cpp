@@ -346,6 +346,14 @@ std::vector<int64_t> Checkpoint::shape(const std::string& name) const {
   return it->second.shape;
 }
 
+std::vector<Box> Checkpoint::boxes(const std::string& name) const {
+  std::vector<Box> out;
+  auto it = tensors_.find(name);
+  if (it != tensors_.end())
+    for (const Slice& slice : it->second.slices) out.push_back(slice.box);
+  return out;
+}
+
 bool Checkpoint::covers(const std::string& name, const Box& want) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end() || want.start.size() != it->second.shape.size()) return false;

@@ -294,6 +294,12 @@ void ParityKeeper::start(const KeeperGeneration& g) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.error.clear();
   }
+  // After recover(), the steps already in the rank directories are the previous
+  // generation's: this generation's workers resume from an older step (what recover()
+  // rebuilt) and write those steps again. Protecting one of them would remove the
+  // rebuilt step while the workers may still read it; start above them.
+  floor_ = recovered_ ? newest_common_step(g, /*listed_only=*/false) : 0;
+  recovered_ = false;
   thread_ = std::thread([this, g] { run(g); });
 }
 
@@ -360,7 +366,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
 
     // Only steps newer than any protected before: a protected step may be in use (the
     // workers of this generation resuming from what recover() rebuilt there).
-    int64_t tried = protected_step();
+    int64_t tried = std::max(protected_step(), floor_);
     for (int round = 0;; ++round) {
       // 1. A newer step here.
       int64_t newest = 0;
@@ -452,6 +458,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
 }
 
 KeeperRecovery ParityKeeper::recover(const KeeperGeneration& previous, const KeeperGeneration& next) {
+  recovered_ = true;
   try {
     return recover_or_throw(previous, next);
   } catch (const std::exception& e) {

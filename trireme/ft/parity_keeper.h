@@ -104,6 +104,8 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   bool warned_ = false;                  // the line about too few machines was printed
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  int64_t floor_ = 0;       // this generation protects only steps newer than this (start())
+  bool recovered_ = false;  // recover() ran since the last start()
 };
 
 }  // namespace trireme::ft

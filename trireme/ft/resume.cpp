@@ -43,6 +43,13 @@ std::vector<at::Tensor> split_local(const at::Tensor& local, const tensor::Shard
   return local.chunk(static_cast<int64_t>(boxes), spec.dim);
 }
 
+// The whole-model name of one of this rank's parameters.
+std::string name_of(const TrainingState& s, const at::Tensor& param) {
+  for (const auto& [name, p] : s.parameters)
+    if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return name;
+  TRIREME_THROW(InvalidArgument, "a ZeRO parameter that is not among the training state's parameters");
+}
+
 // This rank's part of the training state as boxes of whole-model tensors. For a shared
 // checkpoint (`everything` false) the work is split: replicated tensors come from
 // tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
@@ -76,15 +83,20 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
       pieces.push_back({"step/" + name, {1}, whole({1}), at::full({1}, state->second.step, at::kLong)});
   }
   if (own_pieces) {
+    // Each piece as a box of its flattened (rank-local) parameter: zero/exp_avg/NAME, of
+    // shape {numel}; readable under another data-parallel size (load_from_memory).
     const auto states = s.zero->piece_states();
+    const auto spans = s.zero->piece_spans();
+    const auto& params = s.zero->data_parallel().parameters();
     pieces.push_back({"zero/pieces", {1}, whole({1}), at::full({1}, static_cast<int64_t>(states.size()), at::kLong)});
     for (size_t i = 0; i < states.size(); ++i) {
       if (states[i].step == 0) continue;
-      const std::string name = "zero/" + std::to_string(i) + "/";
-      const int64_t n = states[i].exp_avg.numel();
-      pieces.push_back({name + "exp_avg", {n}, whole({n}), states[i].exp_avg});
-      pieces.push_back({name + "exp_avg_sq", {n}, whole({n}), states[i].exp_avg_sq});
-      pieces.push_back({name + "step", {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
+      const at::Tensor& param = params[spans[i].param];
+      const std::string name = name_of(s, param);
+      const Box box{{spans[i].offset}, {spans[i].length}};
+      pieces.push_back({"zero/exp_avg/" + name, {param.numel()}, box, states[i].exp_avg.reshape(-1)});
+      pieces.push_back({"zero/exp_avg_sq/" + name, {param.numel()}, box, states[i].exp_avg_sq.reshape(-1)});
+      pieces.push_back({"zero/step/" + name, {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
     }
   }
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -120,14 +132,15 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
   }
   if (s.zero && checkpoint.has("zero/pieces")) {
     // A snapshot of this very layout: each piece's own state.
-    const int64_t count = checkpoint.read("zero/pieces", whole({1})).item<int64_t>();
-    std::vector<parallel::ZeroOptimizer::ParamState> states(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-      const std::string name = "zero/" + std::to_string(i) + "/";
-      if (!checkpoint.has(name + "step")) continue;
-      states[i] = {checkpoint.read(name + "step", whole({1})).item<int64_t>(),
-                   checkpoint.read(name + "exp_avg", whole(checkpoint.shape(name + "exp_avg"))),
-                   checkpoint.read(name + "exp_avg_sq", whole(checkpoint.shape(name + "exp_avg_sq")))};
+    const auto spans = s.zero->piece_spans();
+    const auto& params = s.zero->data_parallel().parameters();
+    std::vector<parallel::ZeroOptimizer::ParamState> states(spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const std::string name = name_of(s, params[spans[i].param]);
+      if (!checkpoint.has("zero/step/" + name)) continue;
+      const Box box{{spans[i].offset}, {spans[i].length}};
+      states[i] = {checkpoint.read("zero/step/" + name, whole({1})).item<int64_t>(),
+                   checkpoint.read("zero/exp_avg/" + name, box), checkpoint.read("zero/exp_avg_sq/" + name, box)};
     }
     s.zero->load_piece_states(states);
   } else if (s.zero) {
@@ -290,11 +303,94 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir) {
   return 0;
 }
 
+namespace {
+
+constexpr int64_t kNone = INT64_MAX;
+
+// For each rank of the layout that wrote the ZeRO snapshots in `opened` (all of one step),
+// the lowest rank of this world whose node holds that rank's snapshot, or kNone. A
+// collective over the world.
+std::vector<int64_t> zero_piece_owners(const TrainingState& s, const std::vector<Checkpoint>& opened) {
+  int64_t writers = 0;
+  for (const Checkpoint& c : opened)
+    if (c.has("zero/pieces")) writers = std::max<int64_t>(writers, c.layout().dp * c.layout().tp * c.layout().pp);
+  writers = reduce_over(s, s.world->group(), writers, c10d::ReduceOp::MAX);
+  at::Tensor owner = at::full({std::max<int64_t>(writers, 1)}, kNone, at::kLong);
+  for (const Checkpoint& c : opened)
+    if (c.has("zero/pieces") && c.layout().rank >= 0 && c.layout().rank < writers)
+      owner[c.layout().rank] = static_cast<int64_t>(s.world->rank());
+  const at::Device device = s.parameters.front().second.device();
+  std::vector<at::Tensor> buffer{owner.to(device)};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  dist::run_collective("snapshot agreement", [&] { return s.world->group()->allreduce(buffer, min); });
+  const at::Tensor result = buffer[0].cpu();
+  return std::vector<int64_t>(result.data_ptr<int64_t>(), result.data_ptr<int64_t>() + writers);
+}
+
+// Every parameter's AdamW state (aligned with the ZeRO data-parallel module's parameters),
+// assembled from the old ranks' pieces: each rank fills in the pieces of the snapshots it
+// owns (zero_piece_owners), zeros elsewhere, and one all-reduce sums them, since the
+// pieces of one layout never overlap. A collective over the world.
+std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vector<Checkpoint>& opened,
+                                         const std::vector<int64_t>& owner) {
+  const auto& params = s.zero->data_parallel().parameters();
+  std::vector<std::string> names;
+  int64_t total = 0;
+  for (const at::Tensor& p : params) {
+    names.push_back(name_of(s, p));
+    total += p.numel();
+  }
+  // exp_avg of every parameter, then exp_avg_sq of every parameter, flattened
+  at::Tensor moments = at::zeros({2 * total}, at::TensorOptions(params.front().scalar_type()));
+  at::Tensor steps = at::zeros({static_cast<int64_t>(params.size())}, at::kLong);
+  std::vector<bool> done(owner.size(), false);
+  for (const Checkpoint& c : opened) {
+    const int r = c.layout().rank;
+    if (!c.has("zero/pieces") || r < 0 || r >= static_cast<int>(owner.size()) || done[r] ||
+        owner[r] != s.world->rank())
+      continue;
+    done[r] = true;
+    int64_t offset = 0;
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (c.has("zero/step/" + names[p]))
+        steps[static_cast<int64_t>(p)] = c.read("zero/step/" + names[p], whole({1})).item<int64_t>();
+      for (const Box& box : c.boxes("zero/exp_avg/" + names[p])) {
+        moments.narrow(0, offset + box.start[0], box.size[0]).copy_(c.read("zero/exp_avg/" + names[p], box));
+        moments.narrow(0, total + offset + box.start[0], box.size[0])
+            .copy_(c.read("zero/exp_avg_sq/" + names[p], box));
+      }
+      offset += params[p].numel();
+    }
+  }
+  const at::Device device = params.front().device();
+  std::vector<at::Tensor> sum{moments.to(device)};
+  std::vector<at::Tensor> max{steps.to(device)};
+  c10d::AllreduceOptions max_op;
+  max_op.reduceOp = c10d::ReduceOp::MAX;
+  dist::run_collective("optimizer state gather", [&] { return s.world->group()->allreduce(sum); });
+  dist::run_collective("optimizer state gather", [&] { return s.world->group()->allreduce(max, max_op); });
+  const at::Tensor gathered = sum[0], step = max[0].cpu();
+  std::vector<Optimizer> states(params.size());
+  int64_t offset = 0;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const int64_t n = params[p].numel();
+    const int64_t k = step[static_cast<int64_t>(p)].item<int64_t>();
+    if (k > 0)
+      states[p] = {k, gathered.narrow(0, offset, n).view(params[p].sizes()).clone(),
+                   gathered.narrow(0, total + offset, n).view(params[p].sizes()).clone()};
+    offset += n;
+  }
+  return states;
+}
+
+}  // namespace
+
 int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
-  TRIREME_CHECK(!s.zero, "resuming a ZeRO run in another layout from memory is not supported; "
-                         "run elastic jobs without --zero");
   const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
   TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
+  TRIREME_CHECK(!s.zero || s.dp == s.world->size(), "resuming ZeRO's sharded optimizer state in another layout "
+                                                    "from memory needs pure data parallelism (no --tp, --pp)");
   const std::vector<Source> sources = memory_sources(area, s.world->rank());
   // The newest step at which every data-parallel group has a rank whose node holds all of
   // its state: candidates from the newest down, agreed over the world.
@@ -316,11 +412,20 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
     }
     const std::vector<const Checkpoint*> chosen = cover(s, opened);
     const bool covered = !chosen.empty() || s.parameters.empty();
-    constexpr int64_t kNone = INT64_MAX;
     const int64_t donor = reduce_over(s, dp_group, covered ? dp_group->getRank() : kNone, c10d::ReduceOp::MIN);
     if (reduce_over(s, s.world->group(), donor == kNone ? 0 : 1, c10d::ReduceOp::MIN) == 0) {
       bound = step - 1;
       continue;
+    }
+    // Under ZeRO every old rank's pieces of the optimizer state must be in some node's
+    // memory: each is gathered once, by the lowest rank whose node holds it.
+    std::vector<int64_t> owner;
+    if (s.zero) {
+      owner = zero_piece_owners(s, opened);
+      if (std::count(owner.begin(), owner.end(), kNone) > 0) {
+        bound = step - 1;
+        continue;
+      }
     }
     // Load what this node holds, then the ranks that hold nothing get it from the donor.
     at::NoGradGuard no_grad;
@@ -362,8 +467,12 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
         }
       }
     }
-    for (size_t p = 0; p < s.parameters.size(); ++p)
-      parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
+    if (s.zero) {
+      s.zero->load_state(gather_zero_state(s, opened, owner));
+    } else {
+      for (size_t p = 0; p < s.parameters.size(); ++p)
+        parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
+    }
     // This rank's own generator, when its own snapshot of the same mesh is here.
     const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
     for (const Source& source : sources) {

@@ -12,7 +12,8 @@
 // (i mod dp) writing the i-th tensor; under ZeRO the pieces' state is first gathered per
 // parameter. A snapshot holds all of a rank's own state, so that every rank can restore
 // itself from its own node's memory; under ZeRO that is its own pieces' state
-// ("zero/<i>/..."), 1/d of the whole, taken without communication.
+// (boxes of each flattened parameter, "zero/exp_avg/NAME"), 1/d of the whole, taken
+// without communication.
 //
 // Loading reads, for each of this rank's parameters, the boxes its shard covers under the
 // current layout, whatever layout wrote them, and the same for the optimizer state
@@ -82,8 +83,11 @@ int64_t load_snapshot(const TrainingState& state, const std::string& dir);
 // those rebuilt from parity after a machine was lost; launch/snapshot_keeper.h). Each
 // rank reads the boxes its shards need from the sources that hold them, its own rank's
 // first; a rank whose node holds none gets its state from a replica in its data-parallel
-// group that found all of it (a broadcast). Needs a replicated optimizer (not ZeRO). The
-// generator state is restored where this rank's own snapshot of the same mesh is found.
+// group that found all of it (a broadcast). Under ZeRO (pure data parallelism only) every
+// old rank's pieces of the optimizer state must be in some node's memory (its own, or
+// rebuilt from parity): each is read by one rank and one all-reduce assembles the whole
+// state, which the new layout's pieces then take. The generator state is restored where
+// this rank's own snapshot of the same mesh is found.
 // A collective. `from` names what served, for the log.
 int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from);
 // This rank's snapshot directory in the area the agent gives its workers

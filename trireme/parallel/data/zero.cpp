@@ -194,6 +194,12 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::piece_states() const {
   return out;
 }
 
+std::vector<ZeroOptimizer::PieceSpan> ZeroOptimizer::piece_spans() const {
+  std::vector<PieceSpan> out;
+  for (const Piece& piece : layout_) out.push_back({piece.param, piece.param_offset, piece.length});
+  return out;
+}
+
 void ZeroOptimizer::load_piece_states(const std::vector<ParamState>& states) {
   TRIREME_CHECK(states.size() == pieces_.size(), "ZeRO: ", states.size(), " piece states for ", pieces_.size(),
                 " pieces (a snapshot of another layout)");

@@ -90,6 +90,14 @@ class ZeroOptimizer {
 
   const torch::optim::AdamW& optimizer() const { return *adamw_; }
   int64_t optimizer_state_bytes() const { return adamw_state_bytes(*adamw_); }
+  // Where each of this rank's pieces lies (aligned with parameters()): elements
+  // [offset, offset + length) of dp.parameters()[param], flattened. What a snapshot
+  // records, so that another layout can find every element's state.
+  struct PieceSpan {
+    size_t param = 0;
+    int64_t offset = 0, length = 0;
+  };
+  std::vector<PieceSpan> piece_spans() const;
   // Elements this rank owns (its share of the parameters).
   int64_t owned_elements() const { return owned_; }
 
