@@ -143,20 +143,26 @@ class Elastic(unittest.TestCase):
         ref = self.reference()
         out = os.path.join(self.dir, "run")
         port = free_port()
-        agents = [self.start(n, port, out, ["--redundancy", "2+1"]) for n in range(3)]
+        # Disk checkpoints exist too (every 5 steps): memory must serve anyway.
+        extra = ["--redundancy", "2+1", "--checkpoint-every", "5"]
+        agents = [self.start(n, port, out, extra) for n in range(3)]
         self.wait_for_step(out, 10, agents)
         self.kill_machine(agents[2], 2)
         # A replacement under the lost node's id, once the job has gone on without it.
         self.wait_for_step(out, 20, agents[:2])
-        replacement = self.start(2, port, out, ["--redundancy", "2+1"])
+        replacement = self.start(2, port, out, extra)
         agents[2] = replacement
         errs = self.finish(agents, [0, 1, 2])
+        print("".join(l + "\n" for l in errs[0].splitlines() if "first step done" in l), end="")
         both = errs[0] + errs[1]
         self.assertIn("node 2 is lost", both)
         self.assertIn("going on with nodes 0,1", both)
         self.assertIn("rebuilt", both)
         self.assertIn("node 2 joined the job", errs[2])
-        self.assertNotIn("checkpoint", both)
+        resumes = [l for l in errs[0].splitlines() if "resumed at step" in l]
+        self.assertEqual(len(resumes), 2, errs[0][-3000:])  # after the loss, after the join
+        for line in resumes:
+            self.assertIn("from memory", line)  # no checkpoint was read
         self.check_curve(out, ref, "3 machines, one killed at step >= 10, replacement joined at step >= 20")
         self.assertEqual(workers_alive(self.marker), [])
         self.assertEqual(os.listdir(self.areas), [])

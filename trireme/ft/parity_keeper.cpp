@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 
 #include "trireme/common/error.h"
@@ -255,6 +256,29 @@ dist::Group agents_group(const dist::Store& store, int rank, int size) {
   return dist::create_gloo_group(store, rank, size, options);
 }
 
+// The minimum of every machine's `value` for `key`, through the store: each machine puts
+// its own under KEY/<position>, waits for the others' and takes the minimum. nullopt when
+// stop_ is set meanwhile. Through the store rather than a Gloo all-reduce, so that a
+// machine that stops leaves the others waiting only until their own stop (a recv posted
+// on a pair whose peer already went away waits out the group's timeout).
+std::optional<int64_t> store_min(c10d::Store& store, const std::string& key, int position, int machines,
+                                 int64_t value, const std::atomic<bool>& stop) {
+  const std::string text = std::to_string(value);
+  store.set(key + "/" + std::to_string(position), std::vector<uint8_t>(text.begin(), text.end()));
+  std::vector<std::string> keys;
+  for (int p = 0; p < machines; ++p) keys.push_back(key + "/" + std::to_string(p));
+  while (!store.check(keys)) {
+    if (stop) return std::nullopt;
+    std::this_thread::sleep_for(kPoll);
+  }
+  int64_t least = value;
+  for (const std::string& k : keys) {
+    const std::vector<uint8_t> bytes = store.get(k);
+    least = std::min<int64_t>(least, std::stoll(std::string(bytes.begin(), bytes.end())));
+  }
+  return least;
+}
+
 // The element-wise minimum over the group.
 std::vector<int64_t> all_min(const dist::Group& group, const std::vector<int64_t>& values, const char* what) {
   std::vector<at::Tensor> tensors{at::tensor(values, at::kLong)};
@@ -376,20 +400,12 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         std::this_thread::sleep_for(kPoll);
       }
       // 2. The round's step: the oldest of the machines' newest.
-      const std::string prefix = "ready/" + std::to_string(round) + "/";
-      const std::string text = std::to_string(newest);
-      store->set(prefix + std::to_string(g.position), std::vector<uint8_t>(text.begin(), text.end()));
-      std::vector<std::string> keys;
-      for (int p = 0; p < machines; ++p) keys.push_back(prefix + std::to_string(p));
-      while (!store->check(keys)) {
-        if (stop_) return;
-        std::this_thread::sleep_for(kPoll);
-      }
-      int64_t step = newest;
-      for (const std::string& key : keys) {
-        const std::vector<uint8_t> value = store->get(key);
-        step = std::min<int64_t>(step, std::stoll(std::string(value.begin(), value.end())));
-      }
+      // The keys of round - 2 are read by everyone: every machine has posted round - 1's.
+      for (const char* what : {"ready/", "verified/", "exchanged/"})
+        store->deleteKey(what + std::to_string(round - 2) + "/" + std::to_string(g.position));
+      const auto agreed = store_min(*store, "ready/" + std::to_string(round), g.position, machines, newest, stop_);
+      if (!agreed) return;
+      const int64_t step = *agreed;
       // 3. Copy and verify.
       if (stop_) return;
       const double copy_start = obs::now_us();
@@ -405,9 +421,9 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       }
       const double copy_ms = (obs::now_us() - copy_start) / 1e3;
       // 4. Every machine's copy verified, or the round is dropped everywhere.
-      if (stop_) return;
-      copied = all_min(group, {copied ? 1 : 0}, "snapshot redundancy: copies verified")[0] == 1;
-      store->deleteKey(prefix + std::to_string(g.position));  // every machine has read the round's keys
+      const auto verified = store_min(*store, "verified/" + std::to_string(round), g.position, machines, copied, stop_);
+      if (!verified) return;
+      copied = *verified == 1;
       tried = step;
       if (!copied) {
         fs::remove_all(copy.path);
@@ -415,8 +431,9 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         ++stats_.skipped;
         continue;
       }
-      // 5. Parity.
-      if (stop_) return;
+      // 5. Parity. Every machine has agreed to it: none leaves now (a stop waits for the
+      // exchange), since a peer's recv posted after this machine's group went away would
+      // wait out the group's timeout instead of failing.
       const double exchange_start = obs::now_us();
       uint64_t blob_bytes = 0;
       ParityHeld held;
@@ -426,8 +443,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         held = exchange_parity(plan, g.position, blob.data(), blob.size(), group);
       }
       // 6. Commit once every machine has its parity.
-      if (stop_) return;
-      all_min(group, {1}, "snapshot redundancy: commit barrier");
+      if (!store_min(*store, "exchanged/" + std::to_string(round), g.position, machines, 1, stop_)) return;
       const double exchange_ms = (obs::now_us() - exchange_start) / 1e3;
       const std::string target = root + "/" + std::to_string(step);
       fs::remove_all(target);

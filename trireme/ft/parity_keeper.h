@@ -14,18 +14,20 @@
 // the agents (rank = machine index) made for the generation:
 //   1. wait until the newest common step is newer than the last step tried
 //   2. agree on the round's step S, the oldest of the machines' newest: each machine puts
-//      its own under the store and waits for the others'. Through the store, not a
-//      collective: how long this waits depends on training, and must not run into the
-//      group's timeout; stop() ends the wait.
+//      its own under the store and waits for the others' (stop() ends the wait)
 //   3. copy each local rank's AREA/rank-<R>/<S>/ to AREA/protected/.tmp-<S>/rank-<R>/ and
 //      verify every CRC of the copy: workers reuse a snapshot's files for the snapshot
 //      three steps later, so a copy can be torn (or S gone).
-//   4. all-reduce MIN of "every copy verified"; where one did not, every machine drops its
-//      copy and waits for a step newer than S
-//   5. exchange parity of the blobs (RedundancyPlan::make(machines, K, M))
-//   6. all-reduce MIN of "exchanged" (a commit barrier: a machine whose exchange failed
-//      leaves the group, and the others' all-reduce fails); then rename the copy to
-//      AREA/protected/<S>/, remove older protected steps, keep the parity in memory.
+//   4. agree, the same way, that every copy verified; where one did not, every machine
+//      drops its copy and waits for a step newer than S
+//   5. exchange parity of the blobs (RedundancyPlan::make(machines, K, M)); once agreed,
+//      no machine stops before it is done
+//   6. agree that every exchange is done; then rename the copy to AREA/protected/<S>/,
+//      remove older protected steps, keep the parity in memory.
+// The agreements go through the store, not Gloo all-reduces: how long they wait depends
+// on training, and a recv posted on a pair whose peer has already closed it waits out
+// the group's timeout instead of failing, so a stopping machine would hold its peers for
+// that long. Only the exchange itself is Gloo (point to point).
 // A failure in a round (a peer gone: a Gloo error) ends the thread; what the last
 // committed round protected stays. The round prints nothing; stats() tells.
 //

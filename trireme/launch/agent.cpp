@@ -179,6 +179,7 @@ class Agent {
 
   void stop_workers(double grace_s);
   void check_heartbeats();
+  void report_restart();
   void beat();
   bool stale(int node, Clock::time_point now);
   void publish_failure(const std::string& what);
@@ -217,6 +218,9 @@ class Agent {
   // Other agents' heartbeats: the last value seen and when it last changed.
   std::map<int, std::pair<std::string, Clock::time_point>> peer_beats_;
   int64_t pending_seen_ = 0;  // join requests already acted on
+  // The last restart's timeline, reported once its first step is done (report_restart).
+  Clock::time_point failure_seen_{}, members_decided_{}, recovered_{};
+  bool restart_unreported_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
   int signal_count_ = 0;     // all SIGINT/SIGTERM received
@@ -309,6 +313,7 @@ KeeperGeneration Agent::keeper_generation() const {
 // resume from their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a restart).
 // Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
 std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
+  failure_seen_ = Clock::now();
   try {
     if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation)))
       channel_.set(keys::restart(generation), cause.what);
@@ -363,7 +368,8 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
   for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join, if alive
     if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) joining.push_back(id);
   for (int id : joining) waiting.push_back(id);
-  for (int id : waiting) peer_beats_[id] = {channel_.try_get(keys::alive(id)).value_or(""), now};
+  // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
+  for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
   std::string why_out;
   while (!waiting.empty()) {
     for (auto it = waiting.begin(); it != waiting.end();) {
@@ -423,6 +429,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
 // Enters generation `generation` with the published membership: survivors rebuild what
 // lost machines held, then everyone waits for the others at the recovery barrier.
 std::optional<LaunchResult> Agent::take_members(int generation, const std::string& published) {
+  members_decided_ = Clock::now();
   const std::vector<int> next = parse_ids(published);
   if (next.empty()) return LaunchResult{1, channel_.try_get(keys::kFailure).value_or("too few nodes left")};
   if (!contains(next, options_.node_rank))
@@ -445,12 +452,17 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
 }
 
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
+  const auto ended = [&](std::optional<LaunchResult> result) {
+    recovered_ = Clock::now();
+    restart_unreported_ = !result && position_ == 0 && failure_seen_ != Clock::time_point{};
+    return result;
+  };
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
     channel_.set(keys::restart_resume(generation), "1");
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   switch (wait_key(keys::restart_resume(generation), deadline, /*watch_failure=*/true)) {
     case WaitEnd::kSet:
-      return std::nullopt;
+      return ended(std::nullopt);
     case WaitEnd::kSignal:
       return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
     case WaitEnd::kFailure:
@@ -701,6 +713,7 @@ Event Agent::supervise() {
         if (auto cause = channel_.try_get(keys::restart(generation_ + 1)))
           return {Ending::kRemoteRestart, *cause + " (on another node)"};
       if (options_.heartbeat_timeout_s > 0) check_heartbeats();
+      if (restart_unreported_) report_restart();
       if (auto event = watch_nodes()) return *event;
     } catch (const Error& e) {
       return {Ending::kStoreLost, e.what()};
@@ -884,6 +897,21 @@ void Agent::check_heartbeats() {
   first_failure_ = names + (stalled.size() == 1 ? " made" : " all made") + " no progress for " + after +
                    " s (heartbeat" + (stalled.size() == 1 ? "" : "s") + " stuck at " + beats + "); killed as hung";
   for (Worker* w : stalled) signal_process_group(w->pid, SIGKILL);
+}
+
+// Once the first worker of this node has beaten its heartbeat in a restarted generation
+// (it finished a step), one line: how long the restart took from the failure, and where.
+void Agent::report_restart() {
+  if (!channel_.try_get(keys::heartbeat(generation_, global_rank(0)))) return;
+  restart_unreported_ = false;
+  const auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "restart %d: first step done %.2f s after the failure was seen (membership %.2f s, snapshot "
+                "recovery %.2f s, workers resuming and their first step %.2f s)",
+                generation_, secs(Clock::now() - failure_seen_), secs(members_decided_ - failure_seen_),
+                secs(recovered_ - members_decided_), secs(Clock::now() - recovered_));
+  write_all(io_.stderr_fd, "trireme run: " + std::string(line) + "\n");
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
