@@ -169,3 +169,52 @@ TEST(LaunchAgent, ProgramThatCannotRunIsAFailureNamingIt) {
   EXPECT_NE(result.failure.find("cannot execute '/nonexistent/program'"), std::string::npos)
       << result.failure;
 }
+
+// Elastic membership through the same seam: node 1 of a 1:2 job never beats its
+// heartbeat (its machine is gone); node 0 notices after --node-timeout, leads the restart,
+// drops it, and runs generation 1 alone, renumbered (WORLD_SIZE 1).
+TEST(LaunchAgent, ElasticJobGoesOnWithoutASilentNode) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
+  LaunchOptions o = sh_options(
+      1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE rank=$RANK; "
+         "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then exit 0; fi; exec sleep 30");
+  o.nnodes = 2;
+  o.nnodes_min = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 0.5;
+  o.rdzv_port = 1234;
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = io.stdout_text(), err = io.stderr_text();
+  EXPECT_NE(out.find("gen=0 world=2 rank=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("gen=1 world=1 rank=0"), std::string::npos) << out;
+  EXPECT_NE(err.find("node 1 is lost (no heartbeat for 0.5 s)"), std::string::npos) << err;
+  EXPECT_NE(err.find("going on with nodes 0"), std::string::npos) << err;
+  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0");
+  EXPECT_EQ(channel.try_get(keys::lost(1)), "1");  // a replacement may take its --node-rank
+}
+
+// The same job with a fixed size ends, naming the lost node.
+TEST(LaunchAgent, FixedSizeJobEndsWhenANodeIsLost) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);
+  LaunchOptions o = sh_options(1, "exec sleep 30");
+  o.nnodes = 2;
+  o.max_restarts = 1;
+  o.node_timeout_s = 0.5;
+  o.stop_grace_s = 1;
+  o.exit_barrier_timeout_s = 0;
+  o.rdzv_port = 1234;
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.failure,
+            "node 1 is lost (no heartbeat for 0.5 s); 1 node left, fewer than the 2 the job needs (give --nnodes "
+            "MIN:MAX to go on with fewer)");
+}

@@ -30,6 +30,7 @@
 
 #include "trireme/common/error.h"
 #include "trireme/launch/exit_status.h"
+#include "trireme/launch/membership.h"
 #include "trireme/launch/output.h"
 #include "trireme/launch/process.h"
 #include "trireme/launch/standby.h"
@@ -362,36 +363,28 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
 
 // The leader's part of a restart (see restart_generation).
 std::optional<LaunchResult> Agent::decide_members(int generation) {
+  std::map<int, NodeState> states;
   std::vector<int> waiting = members_;  // old members not yet checked in, left or lost
-  std::vector<int> in, out, joining;
   const auto now = Clock::now();
-  for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join, if alive
-    if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) joining.push_back(id);
-  for (int id : joining) waiting.push_back(id);
+  for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join
+    if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) waiting.push_back(id);
   // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
   for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
-  std::string why_out;
   while (!waiting.empty()) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       const int id = *it;
-      const bool joiner = contains(joining, id);
-      std::string reason;
+      const bool joiner = !contains(members_, id);
       if (!joiner && channel_.try_get(keys::restart_in(generation, id))) {
-        in.push_back(id);
+        states[id] = NodeState::kCheckedIn;
       } else if (channel_.try_get(keys::left(id))) {
-        reason = "node " + std::to_string(id) + " left the job";
+        states[id] = NodeState::kLeft;
       } else if (stale(id, Clock::now())) {
-        reason = "node " + std::to_string(id) + " is lost (no heartbeat for " +
-                 std::to_string(static_cast<int>(options_.node_timeout_s)) + " s)";
+        states[id] = NodeState::kLost;
       } else if (joiner && peer_beats_[id].second > now) {
-        in.push_back(id);  // its heartbeat went on: it is alive and waiting
+        states[id] = NodeState::kJoining;  // its heartbeat went on: alive and waiting
       } else {
         ++it;
         continue;
-      }
-      if (!reason.empty()) {
-        out.push_back(id);
-        if (!joiner) why_out += (why_out.empty() ? "" : "; ") + reason;
       }
       it = waiting.erase(it);
     }
@@ -399,30 +392,18 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
     pump(kMembershipPoll);
     if (first_signal_) return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
   }
-  std::sort(in.begin(), in.end());
-  // Old members first; joiners fill up to --nnodes MAX.
-  std::vector<int> next;
-  for (int id : in)
-    if (contains(members_, id)) next.push_back(id);
-  for (int id : in)
-    if (!contains(members_, id) && static_cast<int>(next.size()) < options_.nnodes) next.push_back(id);
-  std::sort(next.begin(), next.end());
-  for (int id : members_)
-    if (!contains(next, id)) channel_.add(keys::lost(id), 1);
-  if (static_cast<int>(next.size()) < min_nodes(options_)) {
-    const std::string failure =
-        why_out + "; " + std::to_string(next.size()) + " node" + (next.size() == 1 ? "" : "s") + " left, fewer than " +
-        (elastic(options_) ? "--nnodes MIN = " + std::to_string(min_nodes(options_))
-                           : "the " + std::to_string(options_.nnodes) +
-                                 " the job needs (give --nnodes MIN:MAX to go on with fewer)");
-    publish_failure(failure);
+  const MembershipDecision d = decide_membership(members_, states, min_nodes(options_), options_.nnodes,
+                                                 elastic(options_), options_.node_timeout_s);
+  for (int id : d.dropped) channel_.add(keys::lost(id), 1);
+  if (!d.failure.empty()) {
+    publish_failure(d.failure);
     channel_.set(keys::restart_members(generation), "");
-    return LaunchResult{1, failure};
+    return LaunchResult{1, d.failure};
   }
-  if (!why_out.empty())
-    write_all(io_.stderr_fd, "trireme run: " + why_out + "; going on with nodes " + join_ids(next) + "\n");
+  if (!d.why_dropped.empty())
+    write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   channel_.set(keys::kGeneration, std::to_string(generation));
-  channel_.set(keys::restart_members(generation), join_ids(next));
+  channel_.set(keys::restart_members(generation), join_ids(d.members));
   return std::nullopt;
 }
 
@@ -554,7 +535,8 @@ std::optional<LaunchResult> Agent::join() {
                  " ...' on the missing nodes, or raise --join-timeout"};
   }
   if (run_id_ == "none") {
-    channel_.wait_for(keys::kRunId, std::chrono::seconds(options_.join_timeout_s));
+    // With a store of its own the agent that claimed the run id may not have set it yet.
+    if (options_.external_store) channel_.wait_for(keys::kRunId, std::chrono::seconds(options_.join_timeout_s));
     run_id_ = channel_.try_get(keys::kRunId).value_or("none");
   }
   for (int id = 0; id < options_.nnodes; ++id) members_.push_back(id);

@@ -7,10 +7,17 @@
 //      that fails, a signal, or another agent's failure stops all local workers (SIGTERM,
 //      SIGKILL after the grace period); the first two also publish `failure`
 //   4. finish: add to `done`; node 0 keeps the store up until `all_done` (bounded)
-// With --max-restarts R, a worker that fails in step 3 makes its agent set restart/G and
-// stop its workers; the other agents see the key and stop theirs; all meet at a counter
-// (restart/G/stopped, the last sets restart/G/go) and go back to step 2 with
-// TORCHELASTIC_RESTART_COUNT = G, up to R times. The agent also owns the node's snapshot
+// With --max-restarts R, a worker that fails in step 3 (or a member lost, leaving, or a
+// node asking to join) makes its agent set restart/G and stop its workers; the other
+// agents see the key and stop theirs; each checks in, and the first to check in leads:
+// it waits until every member of generation G-1 has checked in, left (agents/left/N) or
+// gone silent for --node-timeout (agents/alive/N, a heartbeat every 200 ms), adds nodes
+// that asked to join (up to --nnodes MAX), and publishes restart/G/members. Ranks are
+// numbered by position among the members. Survivors let the SnapshotKeeper rebuild what
+// lost machines held; all meet at restart/G/recovered and go back to step 2 with
+// TORCHELASTIC_RESTART_COUNT = G, up to R times. Fewer than --nnodes MIN ends the job.
+// SIGTERM to an agent of an elastic job is a preemption notice: it announces its leave,
+// gives its workers --grace-seconds, and exits 0. The agent also owns the node's snapshot
 // area (TRIREME_SNAPSHOT_DIR, a directory in /dev/shm, or under TRIREME_SNAPSHOT_ROOT,
 // that survives the workers), made after step 1 and removed in 4.
 #pragma once
