@@ -351,9 +351,10 @@ std::string ParityKeeper::summary() const {
   };
   char line[320];
   std::snprintf(line, sizeof line,
-                "snapshot redundancy: %d rounds protected (newest step %lld, %d skipped); median copy %.1f ms, "
+                "snapshot redundancy: %d round%s protected (newest step %lld, %d skipped); median copy %.1f ms, "
                 "exchange %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity",
-                s.rounds, static_cast<long long>(s.protected_step), s.skipped, median(s.round_copy_ms),
+                s.rounds, s.rounds == 1 ? "" : "s", static_cast<long long>(s.protected_step), s.skipped,
+                median(s.round_copy_ms),
                 median(s.round_exchange_ms), s.copy_bytes / 1048576.0, s.parity_bytes / 1048576.0);
   return line;
 }
