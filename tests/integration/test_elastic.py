@@ -57,6 +57,13 @@ def children(pid):
     return found
 
 
+def listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def last_step(out):
     path = os.path.join(out, "metrics.jsonl")
     if not os.path.exists(path):
@@ -110,6 +117,20 @@ class Elastic(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "the run did not reach the step")
             time.sleep(0.05)
 
+    def wait_for_protection(self, agents):
+        """Until every machine's keeper has protected a step (AREA/protected/<step>): its
+        rounds run at idle priority, so on a loaded machine the first can come late."""
+        deadline = time.monotonic() + 120
+        while True:
+            areas = [a for a in os.listdir(self.areas) if "-node" in a]
+            done = [a for a in areas if any(p.isdigit() for p in listdir(os.path.join(self.areas, a, "protected")))]
+            if len(areas) == len(agents) and len(done) == len(agents):
+                return
+            for a in agents:
+                self.assertIsNone(a.poll(), "an agent exited before the failure was injected")
+            self.assertLess(time.monotonic(), deadline, "no snapshot step was protected on every machine")
+            time.sleep(0.05)
+
     def kill_machine(self, agent, node):
         """kill -9 of an agent and its workers; its snapshot area goes too (its memory)."""
         workers = children(agent.pid)
@@ -147,6 +168,7 @@ class Elastic(unittest.TestCase):
         extra = ["--redundancy", "2+1", "--checkpoint-every", "5"]
         agents = [self.start(n, port, out, extra) for n in range(3)]
         self.wait_for_step(out, 10, agents)
+        self.wait_for_protection(agents)
         self.kill_machine(agents[2], 2)
         # A replacement under the lost node's id, once the job has gone on without it.
         self.wait_for_step(out, 20, agents[:2])
@@ -176,6 +198,7 @@ class Elastic(unittest.TestCase):
         port = free_port()
         agents = [self.start(n, port, out, ["--zero", "1", "--redundancy", "2+1"]) for n in range(3)]
         self.wait_for_step(out, 12, agents)
+        self.wait_for_protection(agents)
         self.kill_machine(agents[2], 2)
         errs = self.finish(agents, [0, 1])
         both = errs[0] + errs[1]
