@@ -534,7 +534,12 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
 
 int64_t Resumable::resume() {
   int64_t step = 0;
-  if (world_restarted() && !snapshot_dir_.empty()) step = load_snapshot(state_, snapshot_dir_);
+  const char* elastic = std::getenv("TRIREME_ELASTIC");
+  const char* area = std::getenv("TRIREME_SNAPSHOT_DIR");
+  if (world_restarted() && elastic && std::string(elastic) == "1" && area && *area)
+    step = load_from_memory(state_, area, nullptr);  // the membership may have changed
+  else if (world_restarted() && !snapshot_dir_.empty())
+    step = load_snapshot(state_, snapshot_dir_);
   if (step == 0 && !options_.checkpoint_dir.empty()) step = load_checkpoint(state_, options_.checkpoint_dir);
   return step;
 }

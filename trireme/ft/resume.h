@@ -117,6 +117,9 @@ struct ResumableOptions {
 //
 // Under `trireme run --max-restarts R`, a killed worker makes the agent restart all of
 // them, and resume() then returns the step of the newest in-memory snapshot, bit for bit.
+// In an elastic job (`--nnodes MIN:MAX`) the world size may change between generations:
+// resume() then reads the state from whatever snapshots the node's memory holds
+// (load_from_memory); the program must split its global batch over world.size().
 class Resumable {
  public:
   Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
