@@ -181,6 +181,7 @@ class Agent {
   void stop_workers(double grace_s);
   void check_heartbeats();
   void report_restart();
+  void remove_old_rank_dirs();
   void beat();
   bool stale(int node, Clock::time_point now);
   void publish_failure(const std::string& what);
@@ -222,6 +223,9 @@ class Agent {
   // The last restart's timeline, reported once its first step is done (report_restart).
   Clock::time_point failure_seen_{}, members_decided_{}, recovered_{};
   bool restart_unreported_ = false;
+  // After a change of membership: the rank directories of the old numbering in the
+  // snapshot area are removed once this generation's workers have loaded (stepped).
+  bool old_rank_dirs_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
   int signal_count_ = 0;     // all SIGINT/SIGTERM received
@@ -424,6 +428,7 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
   members_ = next;
   position_ = static_cast<int>(std::find(next.begin(), next.end(), options_.node_rank) - next.begin());
   peer_beats_.clear();
+  old_rank_dirs_ = changed && !snapshot_dir_.empty();
   if (changed && keeper_ && !snapshot_dir_.empty()) {
     KeeperRecovery recovery;
     while_pumping([&] { recovery = keeper_->recover(previous, keeper_generation()); });
@@ -696,6 +701,7 @@ Event Agent::supervise() {
           return {Ending::kRemoteRestart, *cause + " (on another node)"};
       if (options_.heartbeat_timeout_s > 0) check_heartbeats();
       if (restart_unreported_) report_restart();
+      if (old_rank_dirs_) remove_old_rank_dirs();
       if (auto event = watch_nodes()) return *event;
     } catch (const Error& e) {
       return {Ending::kStoreLost, e.what()};
@@ -894,6 +900,23 @@ void Agent::report_restart() {
                 generation_, secs(Clock::now() - failure_seen_), secs(members_decided_ - failure_seen_),
                 secs(recovered_ - members_decided_), secs(Clock::now() - recovered_));
   write_all(io_.stderr_fd, "trireme run: " + std::string(line) + "\n");
+}
+
+// Once every local worker of this generation has finished a step (so has loaded its
+// state), the snapshot area's rank directories of other numberings go: they hold a
+// previous generation's snapshots (three slots each) that nothing reads any more.
+void Agent::remove_old_rank_dirs() {
+  for (int local = 0; local < options_.nproc_per_node; ++local)
+    if (!channel_.try_get(keys::heartbeat(generation_, global_rank(local)))) return;
+  old_rank_dirs_ = false;
+  std::vector<std::string> mine;
+  for (int local = 0; local < options_.nproc_per_node; ++local) mine.push_back("rank-" + std::to_string(global_rank(local)));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(snapshot_dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && std::find(mine.begin(), mine.end(), name) == mine.end())
+      std::filesystem::remove_all(entry.path(), ec);
+  }
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
