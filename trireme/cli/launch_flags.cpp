@@ -39,7 +39,9 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
   parser.add_switch("rdzv-external", &o.external_store,
                     "the store at --rdzv runs apart from the agents (`trireme store --port P` on a host that "
                     "stays): node 0 does not host it and may be lost like any other node");
-  parser.add("max-restarts", &o.max_restarts, "start a new generation of workers after a failure, a lost or leaving machine, or a joining one, up to N times; trireme train resumes them from snapshots");
+  parser.add("max-restarts", &o.max_restarts,
+             "start a new generation of workers after a failure, a lost or leaving machine, or a joining "
+             "one, up to N times; trireme train resumes them from snapshots");
   parser.add("standby", &flags->standby,
              "1: with --max-restarts, start each next generation's workers ahead of time so that a restart "
              "skips process start-up (default: 1 for trireme train, 0 for trireme run, whose program must "

@@ -290,7 +290,8 @@ LaunchResult Agent::run() {
     if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
     if (event.ending == Ending::kNodeLost) event.ending = Ending::kWorkerFailed;  // published as the job's failure
     end_standby();
-    if (keeper_ && !keeper_->summary().empty()) write_all(io_.stderr_fd, "trireme run: " + node() + ": " + keeper_->summary() + "\n");
+    if (keeper_ && !keeper_->summary().empty())
+      write_all(io_.stderr_fd, "trireme run: " + node() + ": " + keeper_->summary() + "\n");
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
@@ -394,7 +395,8 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
     }
     if (waiting.empty()) break;
     pump(kMembershipPoll);
-    if (first_signal_) return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+    if (first_signal_)
+      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
   }
   const MembershipDecision d = decide_membership(members_, states, min_nodes(options_), options_.nnodes,
                                                  elastic(options_), options_.node_timeout_s);
@@ -910,7 +912,8 @@ void Agent::remove_old_rank_dirs() {
     if (!channel_.try_get(keys::heartbeat(generation_, global_rank(local)))) return;
   old_rank_dirs_ = false;
   std::vector<std::string> mine;
-  for (int local = 0; local < options_.nproc_per_node; ++local) mine.push_back("rank-" + std::to_string(global_rank(local)));
+  for (int local = 0; local < options_.nproc_per_node; ++local)
+    mine.push_back("rank-" + std::to_string(global_rank(local)));
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(snapshot_dir_, ec)) {
     const std::string name = entry.path().filename().string();
