@@ -323,6 +323,7 @@ void ParityKeeper::start(const KeeperGeneration& g) {
   // rebuilt) and write those steps again. Protecting one of them would remove the
   // rebuilt step while the workers may still read it; start above them.
   floor_ = recovered_ ? newest_common_step(g, /*listed_only=*/false) : 0;
+  current_ = g;
   recovered_ = false;
   thread_ = std::thread([this, g] { run(g); });
 }
@@ -340,6 +341,21 @@ int64_t ParityKeeper::protected_step() const {
 KeeperStats ParityKeeper::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+bool ParityKeeper::flush(double timeout_s) {
+  if (!thread_.joinable()) return false;
+  const int64_t target = newest_common_step(current_, /*listed_only=*/false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stats_.protected_step >= target) return true;
+      if (!stats_.error.empty()) return false;
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+  return false;
 }
 
 std::string ParityKeeper::summary() const {

@@ -91,6 +91,7 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   KeeperStats stats() const;
   // One line on what the keeper did (rounds, median copy and exchange times, memory held).
   std::string summary() const override;
+  bool flush(double timeout_s) override;
 
  private:
   struct Committed;  // the protected state: step, parity, what the blob holds
@@ -106,6 +107,7 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   bool warned_ = false;                  // the line about too few machines was printed
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  launch::KeeperGeneration current_;  // the generation last started
   int64_t floor_ = 0;       // this generation protects only steps newer than this (start())
   bool recovered_ = false;  // recover() ran since the last start()
 };

@@ -170,6 +170,7 @@ class Agent {
   std::optional<LaunchResult> take_members(int generation, const std::string& members);
   std::optional<LaunchResult> await_recovery(int generation);
   LaunchResult leave(const Event& event);
+  void await_leavers_flush();
   KeeperGeneration keeper_generation() const;
   void make_snapshot_dir();
   void remove_snapshot_dir();
@@ -265,13 +266,14 @@ LaunchResult Agent::run() {
     if (keeper_ && !snapshot_dir_.empty()) keeper_->start(keeper_generation());
     const std::optional<Event> failed = spawn_workers(generation_);
     Event event = failed ? *failed : supervise();
-    if (keeper_) while_pumping([&] { keeper_->stop(); });
     if (event.ending == Ending::kSignal && event.signal == SIGTERM && elastic(options_) && !is_host()) {
       end_standby();
       LaunchResult result = leave(event);
       remove_snapshot_dir();
       return result;
     }
+    await_leavers_flush();
+    if (keeper_) while_pumping([&] { keeper_->stop(); });
     const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) ||
                              event.ending == Ending::kRemoteRestart || event.ending == Ending::kNodeLost ||
                              event.ending == Ending::kNodeJoin;
@@ -295,6 +297,24 @@ LaunchResult Agent::run() {
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
+  }
+}
+
+// A member leaving on a preemption notice flushes its last snapshot step into the
+// redundancy first (leave()), which needs every keeper's rounds: keep ours running until it
+// says it is done, it goes silent, or its grace period is over.
+void Agent::await_leavers_flush() {
+  if (!keeper_) return;
+  const auto deadline = Clock::now() + seconds(options_.preemption_grace_s);
+  for (int id : members_) {
+    if (id == options_.node_rank) continue;
+    try {
+      if (!channel_.try_get(keys::left(id))) continue;
+      while (!channel_.try_get(keys::flushed(id)) && !stale(id, Clock::now()) && Clock::now() < deadline)
+        pump(kMembershipPoll);
+    } catch (const Error&) {
+      return;  // the store is gone: nothing to wait for
+    }
   }
 }
 
@@ -479,6 +499,20 @@ LaunchResult Agent::leave(const Event& event) {
   }
   const auto start = Clock::now();
   stop_workers(options_.preemption_grace_s);
+  // The workers committed their last step: have it protected before this machine goes
+  // (a step whose state only this machine held would otherwise be lost).
+  if (keeper_) {
+    const double left_s = options_.preemption_grace_s - std::chrono::duration<double>(Clock::now() - start).count();
+    bool flushed = false;
+    while_pumping([&] { flushed = keeper_->flush(std::max(0.0, left_s)); });
+    if (!flushed) write_all(io_.stderr_fd, "trireme run: " + node() + ": its last snapshot step could not be "
+                                               "protected within --grace-seconds; the others resume from an older one\n");
+    while_pumping([&] { keeper_->stop(); });
+  }
+  try {
+    channel_.set(keys::flushed(options_.node_rank), "1");
+  } catch (const Error&) {
+  }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   char line[160];
   std::snprintf(line, sizeof line, "%s left the job %.1f s after the notice (grace %g s)", node().c_str(), took,

@@ -24,6 +24,8 @@
 //   trireme/generation      the newest generation whose membership was decided
 //   trireme/agents/alive/N  agent N's heartbeat (a counter it raises every 200 ms)
 //   trireme/agents/left/N   agent N leaves the job (a preemption notice)
+//   trireme/agents/flushed/N  agent N's last snapshot step is protected (or it gave up):
+//                           the others keep their keepers running until then
 //   trireme/agents/lost/N   counter: times node N was dropped from the job, so that a
 //                           replacement may join under the same --node-rank
 //   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs)
@@ -64,6 +66,7 @@ inline constexpr const char* kGeneration = "trireme/generation";
 inline constexpr const char* kPending = "trireme/agents/pending";
 inline std::string alive(int node) { return "trireme/agents/alive/" + std::to_string(node); }
 inline std::string left(int node) { return "trireme/agents/left/" + std::to_string(node); }
+inline std::string flushed(int node) { return "trireme/agents/flushed/" + std::to_string(node); }
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set

@@ -53,6 +53,11 @@ class SnapshotKeeper {
   // directories under AREA/protected/<step>/. Members of `next` new to the job do not
   // call it. Never throws: a failure is reported in the result.
   virtual KeeperRecovery recover(const KeeperGeneration& previous, const KeeperGeneration& next) = 0;
+  // Waits, with the rounds going on, until the newest step every local rank has a complete
+  // snapshot of is protected (a machine leaving on a preemption notice, its workers done:
+  // its last step must be rebuildable once it is gone). False after timeout_s, or when
+  // protection has stopped.
+  virtual bool flush(double timeout_s) = 0;
   // One line on what it did over the job (rounds, their cost, memory held), for the log
   // when the job ends; "" when it protected nothing.
   virtual std::string summary() const = 0;
