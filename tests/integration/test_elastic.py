@@ -278,6 +278,7 @@ class Elastic(unittest.TestCase):
         extra = ["--pp", "2", "--redundancy", "2+1", "--checkpoint-every", "5", "--checkpoint-dir", ckpt]
         agents = [self.start(n, port, out, extra, nproc=2, nnodes="1:3") for n in range(3)]
         self.wait_for_step(out, 12, agents)
+        self.wait_for_protection(agents)
         self.kill_machine(agents[1], 1)
         self.kill_machine(agents[2], 2)
         errs = self.finish(agents, [0])
