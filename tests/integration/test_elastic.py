@@ -5,8 +5,10 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
 - 3 machines, --redundancy 2+1: kill -9 one machine's agent and worker mid-run; the job
   goes on with 2 machines and dp shrunk from 3 to 2 (same global batch), finishes, and its
   loss curve stays within floating-point tolerance of the uninterrupted run (the max
-  difference is printed); it resumed from memory, no checkpoint was read (none exists),
-  and the survivors rebuilt the lost machine's snapshot from parity;
+  difference is printed); it resumed from memory although checkpoints exist (none was
+  read), and the survivors rebuilt the lost machine's snapshot from parity;
+- ZeRO-1, the same kill: the lost machine's third of the optimizer state exists only as
+  parity; the survivors rebuild it and resume from memory at that step;
 - the same, then a replacement machine joins under the lost one's --node-rank: the job
   grows back to 3 machines;
 - SIGTERM to one machine's agent (a preemption notice): it leaves within its grace period,
