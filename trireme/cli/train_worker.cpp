@@ -340,117 +340,107 @@ int train_worker_main(const std::vector<std::string>& args) {
   obs::Series loss_curve{"loss (global batch)", {}, {}};
   // An elastic job's worker takes SIGTERM (its agent's preemption notice, or a restart)
   // as: finish this step, commit its snapshot, exit; so that no finished step is lost.
+  // (A worker whose collective fails because a peer went away commits its pending
+  // snapshot too: the exception unwinds through ~Snapshotter, which drains its writer.)
   if (elastic) std::signal(SIGTERM, on_stop_request);
   for (int64_t step = first_step; step < opt.steps; ++step) {
-    try {
-      const bool tracing = step >= trace_first && step < trace_last;
-      const double lr = schedule.at(step);
-      if (zero) {
-        zero->set_lr(lr);
-      } else {
-        for (auto& group : adamw->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
+    const bool tracing = step >= trace_first && step < trace_last;
+    const double lr = schedule.at(step);
+    if (zero) {
+      zero->set_lr(lr);
+    } else {
+      for (auto& group : adamw->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
 
-      const double step_start = obs::now_us();
-      StepTimes times;
-      const auto offsets = sampler.shard(step, dp_rank, opt.dp);
-      std::vector<data::Batch> micro_batches;
-      for (int64_t m = 0; m < opt.micro_batches; ++m) {
-        std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);
-        data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
-        batch.inputs = batch.inputs.to(device, /*non_blocking=*/true);
-        batch.targets = batch.targets.to(device, /*non_blocking=*/true);
-        micro_batches.push_back(std::move(batch));
-      }
-      const int64_t live_before = obs::CpuMemory::current_bytes();
-      obs::CpuMemory::reset_peak();
-      const double local_loss =
-          engine->run_step(micro_batches, &times, {tracing ? &timeline : nullptr, &clock, step + 1});
-      memory.peak_step = std::max(memory.peak_step, obs::CpuMemory::peak_bytes() - live_before);
-      const parallel::StepCommStats& comm = engine->comm();
-      if (tracing) record_comm(timeline, clock, comm);
+    const double step_start = obs::now_us();
+    StepTimes times;
+    const auto offsets = sampler.shard(step, dp_rank, opt.dp);
+    std::vector<data::Batch> micro_batches;
+    for (int64_t m = 0; m < opt.micro_batches; ++m) {
+      std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);
+      data::Batch batch = data::make_batch(corpus, part, opt.model.seq_len);
+      batch.inputs = batch.inputs.to(device, /*non_blocking=*/true);
+      batch.targets = batch.targets.to(device, /*non_blocking=*/true);
+      micro_batches.push_back(std::move(batch));
+    }
+    const int64_t live_before = obs::CpuMemory::current_bytes();
+    obs::CpuMemory::reset_peak();
+    const double local_loss =
+        engine->run_step(micro_batches, &times, {tracing ? &timeline : nullptr, &clock, step + 1});
+    memory.peak_step = std::max(memory.peak_step, obs::CpuMemory::peak_bytes() - live_before);
+    const parallel::StepCommStats& comm = engine->comm();
+    if (tracing) record_comm(timeline, clock, comm);
 
-      const double o0 = obs::now_us();
-      const int64_t buffers = engine->data_parallel().buffer_bytes();
-      memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
-      memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
-      double grad_norm = 0;
-      if (zero) {
-        zero->attach_gradients();
-        grad_norm = optim::clip_grad_norm(zero->parameters(), opt.clip, sharing);
-        zero->step();
-        zero->zero_grad();
-        memory.optimizer_state = zero->optimizer_state_bytes();
-      } else {
-        grad_norm = optim::clip_grad_norm(engine->parameters(), opt.clip, sharing);
-        adamw->step();
-        adamw->zero_grad();
-        memory.optimizer_state = parallel::adamw_state_bytes(*adamw);
-      }
-      const double o1 = obs::now_us();
-      times.optimizer_us = o1 - o0;
-      if (tracing)
-        timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, ""});
+    const double o0 = obs::now_us();
+    const int64_t buffers = engine->data_parallel().buffer_bytes();
+    memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
+    memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
+    double grad_norm = 0;
+    if (zero) {
+      zero->attach_gradients();
+      grad_norm = optim::clip_grad_norm(zero->parameters(), opt.clip, sharing);
+      zero->step();
+      zero->zero_grad();
+      memory.optimizer_state = zero->optimizer_state_bytes();
+    } else {
+      grad_norm = optim::clip_grad_norm(engine->parameters(), opt.clip, sharing);
+      adamw->step();
+      adamw->zero_grad();
+      memory.optimizer_state = parallel::adamw_state_bytes(*adamw);
+    }
+    const double o1 = obs::now_us();
+    times.optimizer_us = o1 - o0;
+    if (tracing)
+      timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, ""});
 
-      // The step's loss over the global batch: the mean of the data-parallel replicas' means
-      // (each replica's held by its last pipeline stage; the other ranks add 0).
-      // The same all-reduce carries the stall of the last snapshot (as a fraction of its
-      // step), so that every rank takes the same decision on the snapshot frequency.
-      std::vector<at::Tensor> loss_buffer{
-          at::tensor({local_loss, last_stall}, at::TensorOptions(at::kDouble)).to(device)};
-      if (world.size() > 1)
-        dist::run_collective("loss all-reduce", [&] { return world.group()->allreduce(loss_buffer); });
-      const at::Tensor reduced = loss_buffer[0].cpu();
-      const double loss = reduced[0].item<double>() / opt.dp;
-      const double mean_stall = reduced[1].item<double>() / world.size();
-      last_stall = 0;
-      if (snapshotter && opt.snapshot_overhead > 0 && mean_stall > opt.snapshot_overhead &&
-          snapshot_every < kMaxSnapshotInterval) {
-        // CheckFreq's policy: snapshot less often while the stall exceeds the target.
-        snapshot_every *= 2;
-        if (leader && !opt.quiet)
-          std::fprintf(stderr, "gpt: snapshots cost %.1f%% of step time (target %.1f%%): now every %lld steps\n",
-                       100 * mean_stall, 100 * opt.snapshot_overhead, (long long)snapshot_every);
-      }
-      world.heartbeat(step + 1);
-      if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
-      // The first snapshots of a process also create its slots: not what later ones cost.
-      const bool slots_ready = snapshotter && snapshotter->slots_ready();
-      if (snapshotter && (step + 1) % snapshot_every == 0)
-        times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
-      if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
-        times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
-      times.step_us = obs::now_us() - step_start;
-      // Overhead: the stall spread over the steps of one snapshot interval.
-      if (times.snapshot_us > 0 && slots_ready)
-        last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
-      elapsed_s += times.step_us / 1e6;
+    // The step's loss over the global batch: the mean of the data-parallel replicas' means
+    // (each replica's held by its last pipeline stage; the other ranks add 0).
+    // The same all-reduce carries the stall of the last snapshot (as a fraction of its
+    // step), so that every rank takes the same decision on the snapshot frequency.
+    std::vector<at::Tensor> loss_buffer{
+        at::tensor({local_loss, last_stall}, at::TensorOptions(at::kDouble)).to(device)};
+    if (world.size() > 1)
+      dist::run_collective("loss all-reduce", [&] { return world.group()->allreduce(loss_buffer); });
+    const at::Tensor reduced = loss_buffer[0].cpu();
+    const double loss = reduced[0].item<double>() / opt.dp;
+    const double mean_stall = reduced[1].item<double>() / world.size();
+    last_stall = 0;
+    if (snapshotter && opt.snapshot_overhead > 0 && mean_stall > opt.snapshot_overhead &&
+        snapshot_every < kMaxSnapshotInterval) {
+      // CheckFreq's policy: snapshot less often while the stall exceeds the target.
+      snapshot_every *= 2;
+      if (leader && !opt.quiet)
+        std::fprintf(stderr, "gpt: snapshots cost %.1f%% of step time (target %.1f%%): now every %lld steps\n",
+                     100 * mean_stall, 100 * opt.snapshot_overhead, (long long)snapshot_every);
+    }
+    world.heartbeat(step + 1);
+    if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
+    // The first snapshots of a process also create its slots: not what later ones cost.
+    const bool slots_ready = snapshotter && snapshotter->slots_ready();
+    if (snapshotter && (step + 1) % snapshot_every == 0)
+      times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
+    if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
+      times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
+    times.step_us = obs::now_us() - step_start;
+    // Overhead: the stall spread over the steps of one snapshot interval.
+    if (times.snapshot_us > 0 && slots_ready)
+      last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
+    elapsed_s += times.step_us / 1e6;
 
-      if (leader) {
-        loss_curve.x.push_back(static_cast<double>(step + 1));
-        loss_curve.y.push_back(loss);
-        const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
-        metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart));
-        if (!opt.quiet)
-          progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
-      }
-      if (stop_requested) {
-        if (snapshotter) snapshotter->wait();
-        std::fprintf(stderr, "gpt: rank %d stopped after step %lld (SIGTERM), its snapshot committed\n", rank,
-                     (long long)(step + 1));
-        std::fflush(stderr);
-        std::_Exit(128 + SIGTERM);
-      }
-    } catch (const CommError&) {
-      // A peer is gone: keep the snapshot this rank was committing, it may be the newest
-      // step that every rank of the next generation finds.
-      if (snapshotter) {
-        try {
-          snapshotter->wait();
-        } catch (const Error&) {
-        }
-      }
-      throw;
+    if (leader) {
+      loss_curve.x.push_back(static_cast<double>(step + 1));
+      loss_curve.y.push_back(loss);
+      const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
+      metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart));
+      if (!opt.quiet)
+        progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
+    }
+    if (stop_requested) {
+      if (snapshotter) snapshotter->wait();
+      std::fprintf(stderr, "gpt: rank %d stopped after step %lld (SIGTERM), its snapshot committed\n", rank,
+                   (long long)(step + 1));
+      std::fflush(stderr);
+      std::_Exit(128 + SIGTERM);
     }
   }
   if (snapshotter) snapshotter->wait();
