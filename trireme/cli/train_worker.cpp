@@ -204,7 +204,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   if (opt.device == "cuda") world_options.group.backend = dist::BackendKind::kNccl;
   dist::World world = dist::World::from_env(world_options);
   // An elastic job (--nnodes MIN:MAX) keeps tp and pp and chooses dp for the ranks present.
-  const bool elastic = std::getenv("TRIREME_ELASTIC") && std::string(std::getenv("TRIREME_ELASTIC")) == "1";
+  const bool elastic = ft::elastic_from_env();
   if (elastic) opt.dp = 0;
   validate_train_options(&opt, world.size());
   const int rank = world.rank();
@@ -272,8 +272,8 @@ int train_worker_main(const std::vector<std::string>& args) {
   int64_t first_step = 0;
   std::string resumed_from;
   const double resume_start = obs::now_us();
-  const char* area = std::getenv("TRIREME_SNAPSHOT_DIR");
-  if (restart > 0 && elastic && area && *area) {
+  const std::string area = ft::snapshot_area_from_env();
+  if (restart > 0 && elastic && !area.empty()) {
     // The membership may have changed: any layout, from whatever this node's memory holds.
     first_step = ft::load_from_memory(train_state, area, &resumed_from);
     if (first_step == 0 && leader)

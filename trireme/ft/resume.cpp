@@ -43,6 +43,37 @@ std::vector<at::Tensor> split_local(const at::Tensor& local, const tensor::Shard
   return local.chunk(static_cast<int64_t>(boxes), spec.dim);
 }
 
+// A parameter as this rank holds it: how it is split, its whole shape, and the boxes of
+// the whole tensor that its local tensor concatenates (along spec.dim).
+struct LocalShard {
+  tensor::ShardSpec spec;
+  std::vector<int64_t> shape;
+  std::vector<Box> boxes;
+};
+
+LocalShard local_shard(const TrainingState& s, const std::string& name, const at::Tensor& param) {
+  LocalShard shard{spec_of(s, name), {}, {}};
+  shard.shape = tensor::full_shape(param.sizes(), shard.spec, s.tp);
+  shard.boxes = shard_boxes(shard.shape, shard.spec.dim, shard.spec.blocks, s.tp_rank, s.tp);
+  return shard;
+}
+
+// This rank's part of tensor KIND/NAME from `c`, shaped as its local tensor.
+at::Tensor read_local(const Checkpoint& c, const std::string& kind, const std::string& name, const LocalShard& shard) {
+  std::vector<at::Tensor> parts;
+  for (const Box& box : shard.boxes) parts.push_back(c.read(kind + "/" + name, box));
+  return parts.size() == 1 ? parts[0] : at::cat(parts, shard.spec.dim);
+}
+
+// Restores this rank's generator from `c` when the same mesh wrote it.
+void restore_generator(const TrainingState& s, const Checkpoint& c) {
+  const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
+  if (c.layout().mesh != s.layout.mesh || !c.has(rng)) return;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the default's state
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(c.read(rng, whole(c.shape(rng))));
+}
+
 // The whole-model name of one of this rank's parameters.
 std::string name_of(const TrainingState& s, const at::Tensor& param) {
   for (const auto& [name, p] : s.parameters)
@@ -55,7 +86,6 @@ std::string name_of(const TrainingState& s, const at::Tensor& param) {
 // tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
 // (`everything` true) holds all of this rank's own state, so it can restore itself alone.
 std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
-  const int tp = s.tp, tp_rank = s.tp_rank;
   const int dp = s.dp, dp_rank = s.dp_rank;
   // A snapshot under ZeRO keeps this rank's own pieces' state (1/d of it, no gather).
   const bool own_pieces = everything && s.zero;
@@ -65,21 +95,20 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
   const auto named = s.parameters;
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, param] = named[i];
-    const tensor::ShardSpec spec = spec_of(s, name);
+    const LocalShard shard = local_shard(s, name, param);
     if (!everything && static_cast<int>(i % static_cast<size_t>(dp)) != dp_rank) continue;
-    if (!everything && spec.replicated() && tp_rank != 0) continue;
-    const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, tp);
-    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
+    if (!everything && shard.spec.replicated() && s.tp_rank != 0) continue;
     const auto add = [&](const std::string& kind, const at::Tensor& local) {
-      const auto parts = split_local(local.detach(), spec, boxes.size());
-      for (size_t k = 0; k < boxes.size(); ++k) pieces.push_back({kind + "/" + name, shape, boxes[k], parts[k]});
+      const auto parts = split_local(local.detach(), shard.spec, shard.boxes.size());
+      for (size_t k = 0; k < shard.boxes.size(); ++k)
+        pieces.push_back({kind + "/" + name, shard.shape, shard.boxes[k], parts[k]});
     };
     add("param", param);
     auto state = optimizer.find(param.unsafeGetTensorImpl());
     if (state == optimizer.end() || state->second.step == 0) continue;
     add("exp_avg", state->second.exp_avg);
     add("exp_avg_sq", state->second.exp_avg_sq);
-    if (everything || tp_rank == 0)
+    if (everything || s.tp_rank == 0)
       pieces.push_back({"step/" + name, {1}, whole({1}), at::full({1}, state->second.step, at::kLong)});
   }
   if (own_pieces) {
@@ -107,27 +136,19 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
 // Restores parameters, optimizer state and (same mesh) the generator from `checkpoint`.
 void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
   const std::string& chosen = checkpoint.dir();
-  const int tp = s.tp, tp_rank = s.tp_rank;
   std::map<const void*, Optimizer> optimizer;
   at::NoGradGuard no_grad;
   for (const auto& [name, param] : s.parameters) {
-    const tensor::ShardSpec spec = spec_of(s, name);
-    const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, tp);
+    const LocalShard shard = local_shard(s, name, param);
     TRIREME_CHECK(checkpoint.has("param/" + name), "checkpoint ", chosen, " has no parameter '", name,
                   "': it is of another model; train it with its own --layers/--dim/--heads/--seq or start afresh");
-    TRIREME_CHECK(checkpoint.shape("param/" + name) == shape, "checkpoint ", chosen, ": parameter '", name,
+    TRIREME_CHECK(checkpoint.shape("param/" + name) == shard.shape, "checkpoint ", chosen, ": parameter '", name,
                   "' has another shape than this model's; use the flags of the run that wrote it");
-    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, tp_rank, tp);
-    const auto local = [&](const std::string& kind) {
-      std::vector<at::Tensor> parts;
-      for (const Box& box : boxes) parts.push_back(checkpoint.read(kind + "/" + name, box));
-      return parts.size() == 1 ? parts[0] : at::cat(parts, spec.dim);
-    };
-    param.detach().copy_(local("param"));
+    param.detach().copy_(read_local(checkpoint, "param", name, shard));
     if (checkpoint.has("exp_avg/" + name)) {
       const int64_t step = checkpoint.read("step/" + name, whole({1})).item<int64_t>();
-      optimizer[param.unsafeGetTensorImpl()] = {step, local("exp_avg").to(param.device()),
-                                                local("exp_avg_sq").to(param.device())};
+      optimizer[param.unsafeGetTensorImpl()] = {step, read_local(checkpoint, "exp_avg", name, shard).to(param.device()),
+                                                read_local(checkpoint, "exp_avg_sq", name, shard).to(param.device())};
     }
   }
   if (s.zero && checkpoint.has("zero/pieces")) {
@@ -158,23 +179,24 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
       parallel::set_adamw_state(*s.adamw, key, it == optimizer.end() ? Optimizer{} : it->second);
     }
   }
-  const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
-  if (checkpoint.layout().mesh == s.layout.mesh && checkpoint.has(rng)) {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the default's state
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(checkpoint.read(rng, whole(checkpoint.shape(rng))));
-  }
+  restore_generator(s, checkpoint);
 }
 
-// `value` reduced by `op` over `group` (a collective).
-int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t value, c10d::ReduceOp::RedOpType op) {
-  if (group->getSize() == 1) return value;
+// `values` reduced element-wise by `op` over `group` (a collective), on the parameters'
+// device.
+at::Tensor reduce_over(const TrainingState& s, const dist::Group& group, const at::Tensor& values,
+                       c10d::ReduceOp::RedOpType op, const char* what = "snapshot agreement") {
   const at::Device device = s.parameters.front().second.device();
-  std::vector<at::Tensor> buffer{at::full({1}, value, at::kLong).to(device)};
+  std::vector<at::Tensor> buffer{values.to(device)};
+  if (group->getSize() == 1) return buffer[0];
   c10d::AllreduceOptions options;
   options.reduceOp = op;
-  dist::run_collective("snapshot agreement", [&] { return group->allreduce(buffer, options); });
-  return buffer[0].cpu().item<int64_t>();
+  dist::run_collective(what, [&] { return group->allreduce(buffer, options); });
+  return buffer[0];
+}
+
+int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t value, c10d::ReduceOp::RedOpType op) {
+  return reduce_over(s, group, at::full({1}, value, at::kLong), op).cpu().item<int64_t>();
 }
 
 // MIN of `value` over the world (a collective).
@@ -200,13 +222,10 @@ std::vector<Source> memory_sources(const std::string& area, int rank) {
     for (int64_t step : Snapshotter::complete_steps(entry.path().string()))
       sources.push_back({step, entry.path().string() + "/" + std::to_string(step), name == own});
   }
-  for (const auto& entry : fs::directory_iterator(area + "/protected", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;  // .tmp-*
+  for (int64_t step : checkpoint_steps(area + "/protected")) {  // not the .tmp-* of a round
     std::error_code inner;
-    for (const auto& rank_dir : fs::directory_iterator(entry.path(), inner))
-      if (fs::exists(rank_dir.path() / "manifest.json"))
-        sources.push_back({std::stoll(name), rank_dir.path().string(), false});
+    for (const auto& rank_dir : fs::directory_iterator(area + "/protected/" + std::to_string(step), inner))
+      if (fs::exists(rank_dir.path() / "manifest.json")) sources.push_back({step, rank_dir.path().string(), false});
   }
   std::stable_sort(sources.begin(), sources.end(), [](const Source& a, const Source& b) { return a.own > b.own; });
   return sources;
@@ -217,12 +236,11 @@ std::vector<Source> memory_sources(const std::string& area, int rank) {
 std::vector<const Checkpoint*> cover(const TrainingState& s, const std::vector<Checkpoint>& opened) {
   std::vector<const Checkpoint*> chosen;
   for (const auto& [name, param] : s.parameters) {
-    const tensor::ShardSpec spec = spec_of(s, name);
-    const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, s.tp);
-    const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, s.tp_rank, s.tp);
+    const LocalShard shard = local_shard(s, name, param);
+    const std::vector<Box>& boxes = shard.boxes;
     const Checkpoint* found = nullptr;
     for (const Checkpoint& c : opened) {
-      if (c.has("param/" + name) && c.shape("param/" + name) != shape) continue;
+      if (c.has("param/" + name) && c.shape("param/" + name) != shard.shape) continue;
       if (std::all_of(boxes.begin(), boxes.end(), [&](const Box& b) { return c.covers("param/" + name, b); }) &&
           (!c.has("exp_avg/" + name) ||
            std::all_of(boxes.begin(), boxes.end(), [&](const Box& b) { return c.covers("exp_avg/" + name, b); }))) {
@@ -319,12 +337,7 @@ std::vector<int64_t> zero_piece_owners(const TrainingState& s, const std::vector
   for (const Checkpoint& c : opened)
     if (c.has("zero/pieces") && c.layout().rank >= 0 && c.layout().rank < writers)
       owner[c.layout().rank] = static_cast<int64_t>(s.world->rank());
-  const at::Device device = s.parameters.front().second.device();
-  std::vector<at::Tensor> buffer{owner.to(device)};
-  c10d::AllreduceOptions min;
-  min.reduceOp = c10d::ReduceOp::MIN;
-  dist::run_collective("snapshot agreement", [&] { return s.world->group()->allreduce(buffer, min); });
-  const at::Tensor result = buffer[0].cpu();
+  const at::Tensor result = reduce_over(s, s.world->group(), owner, c10d::ReduceOp::MIN).cpu();
   return std::vector<int64_t>(result.data_ptr<int64_t>(), result.data_ptr<int64_t>() + writers);
 }
 
@@ -363,14 +376,9 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
       offset += params[p].numel();
     }
   }
-  const at::Device device = params.front().device();
-  std::vector<at::Tensor> sum{moments.to(device)};
-  std::vector<at::Tensor> max{steps.to(device)};
-  c10d::AllreduceOptions max_op;
-  max_op.reduceOp = c10d::ReduceOp::MAX;
-  dist::run_collective("optimizer state gather", [&] { return s.world->group()->allreduce(sum); });
-  dist::run_collective("optimizer state gather", [&] { return s.world->group()->allreduce(max, max_op); });
-  const at::Tensor gathered = sum[0], step = max[0].cpu();
+  const at::Tensor gathered =
+      reduce_over(s, s.world->group(), moments, c10d::ReduceOp::SUM, "optimizer state gather");
+  const at::Tensor step = reduce_over(s, s.world->group(), steps, c10d::ReduceOp::MAX, "optimizer state gather").cpu();
   std::vector<Optimizer> states(params.size());
   int64_t offset = 0;
   for (size_t p = 0; p < params.size(); ++p) {
@@ -434,14 +442,8 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
       for (size_t p = 0; p < s.parameters.size(); ++p) {
         const auto& [name, param] = s.parameters[p];
         const Checkpoint& c = *chosen[p];
-        const tensor::ShardSpec spec = spec_of(s, name);
-        const std::vector<int64_t> shape = tensor::full_shape(param.sizes(), spec, s.tp);
-        const std::vector<Box> boxes = shard_boxes(shape, spec.dim, spec.blocks, s.tp_rank, s.tp);
-        const auto local = [&](const std::string& kind) {
-          std::vector<at::Tensor> parts;
-          for (const Box& box : boxes) parts.push_back(c.read(kind + "/" + name, box));
-          return (parts.size() == 1 ? parts[0] : at::cat(parts, spec.dim)).to(param.device());
-        };
+        const LocalShard shard = local_shard(s, name, param);
+        const auto local = [&](const std::string& kind) { return read_local(c, kind, name, shard).to(param.device()); };
         param.detach().copy_(local("param"));
         if (c.has("exp_avg/" + name))
           states[p] = {c.read("step/" + name, whole({1})).item<int64_t>(), local("exp_avg"), local("exp_avg_sq")};
@@ -474,16 +476,8 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
         parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
     }
     // This rank's own generator, when its own snapshot of the same mesh is here.
-    const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
-    for (const Source& source : sources) {
-      if (!source.own || source.step != step) continue;
-      const Checkpoint own = Checkpoint::open(source.dir, /*verify_data=*/false);
-      if (own.layout().mesh == s.layout.mesh && own.has(rng)) {
-        at::Generator generator = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(generator.mutex());
-        generator.set_state(own.read(rng, whole(own.shape(rng))));
-      }
-    }
+    for (const Source& source : sources)
+      if (source.own && source.step == step) restore_generator(s, Checkpoint::open(source.dir, /*verify_data=*/false));
     if (from) {
       std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
       *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";
@@ -509,9 +503,19 @@ int64_t snapshot_interval(int64_t requested, const std::string& snapshot_dir) {
   return every;
 }
 
+std::string snapshot_area_from_env() {
+  const char* area = std::getenv("TRIREME_SNAPSHOT_DIR");
+  return area ? area : "";
+}
+
 std::string snapshot_dir_from_env(int rank) {
-  const char* root = std::getenv("TRIREME_SNAPSHOT_DIR");
-  return root && *root ? std::string(root) + "/rank-" + std::to_string(rank) : "";
+  const std::string area = snapshot_area_from_env();
+  return area.empty() ? "" : area + "/rank-" + std::to_string(rank);
+}
+
+bool elastic_from_env() {
+  const char* elastic = std::getenv("TRIREME_ELASTIC");
+  return elastic && std::string(elastic) == "1";
 }
 
 Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
@@ -534,9 +538,8 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
 
 int64_t Resumable::resume() {
   int64_t step = 0;
-  const char* elastic = std::getenv("TRIREME_ELASTIC");
-  const char* area = std::getenv("TRIREME_SNAPSHOT_DIR");
-  if (world_restarted() && elastic && std::string(elastic) == "1" && area && *area)
+  const std::string area = snapshot_area_from_env();
+  if (world_restarted() && elastic_from_env() && !area.empty())
     step = load_from_memory(state_, area, nullptr);  // the membership may have changed
   else if (world_restarted() && !snapshot_dir_.empty())
     step = load_snapshot(state_, snapshot_dir_);

@@ -93,6 +93,11 @@ int64_t load_from_memory(const TrainingState& state, const std::string& area, st
 // This rank's snapshot directory in the area the agent gives its workers
 // (TRIREME_SNAPSHOT_DIR), or "" when not launched by `trireme run`.
 std::string snapshot_dir_from_env(int rank);
+// The snapshot area itself (TRIREME_SNAPSHOT_DIR), or "".
+std::string snapshot_area_from_env();
+// Whether the launcher runs an elastic job (TRIREME_ELASTIC=1: --nnodes MIN:MAX), whose
+// world size may change between generations.
+bool elastic_from_env();
 // The snapshot interval for a request of `requested` steps (-1: every step when the
 // launcher allows restarts, TORCHELASTIC_MAX_RESTARTS > 0, and gives a snapshot area;
 // else none). Throws InvalidArgument when snapshots are asked for without an area.
