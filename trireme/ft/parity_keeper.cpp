@@ -299,10 +299,6 @@ struct RoundCopy {
   }
 };
 
-bool is_step_name(const std::string& name) {
-  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 }  // namespace
 
 ParityKeeper::ParityKeeper(int k, int m) : k_(k), m_(m) {
@@ -466,10 +462,8 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       fs::remove_all(target);
       fs::rename(copy.path, target);
       copy.committed = true;
-      for (const auto& entry : fs::directory_iterator(root)) {
-        const std::string name = entry.path().filename().string();
-        if (is_step_name(name) && name != std::to_string(step)) fs::remove_all(entry.path());
-      }
+      for (int64_t older : checkpoint_steps(root))
+        if (older != step) fs::remove_all(root + "/" + std::to_string(older));
       uint64_t parity_bytes = 0;
       for (const auto& [where, block] : held.parity) parity_bytes += block.size();
       auto state = std::make_unique<Committed>();
@@ -478,8 +472,6 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       committed_ = std::move(state);
       ++stats_.rounds;
       stats_.protected_step = step;
-      stats_.copy_ms = copy_ms;
-      stats_.exchange_ms = exchange_ms;
       stats_.round_copy_ms.push_back(copy_ms);
       stats_.round_exchange_ms.push_back(exchange_ms);
       stats_.copy_bytes = blob_bytes;

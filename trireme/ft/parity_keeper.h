@@ -63,9 +63,9 @@ struct KeeperStats {
   int64_t protected_step = 0;  // the step of the last committed round (0: none)
   int rounds = 0;              // rounds committed
   int skipped = 0;             // rounds dropped because a copy did not verify on some machine
-  double copy_ms = 0;          // the last committed round's copy and verification
-  double exchange_ms = 0;      // its serialization, parity exchange and commit barrier
-  std::vector<double> round_copy_ms, round_exchange_ms;  // every committed round's, in order
+  // Every committed round's copy and verification, and its serialization, parity exchange
+  // and commit barrier, in order.
+  std::vector<double> round_copy_ms, round_exchange_ms;
   uint64_t copy_bytes = 0;     // the protected copy's blob (files under AREA/protected/<step>/)
   uint64_t parity_bytes = 0;   // parity blocks held in memory
   std::string error;           // why protection stopped before stop() ("" when it did not)
