@@ -169,6 +169,7 @@ class Agent {
   std::optional<LaunchResult> decide_members(int generation);
   std::optional<LaunchResult> take_members(int generation, const std::string& members);
   std::optional<LaunchResult> await_recovery(int generation);
+  void enter(int generation, const std::vector<int>& members);
   LaunchResult leave(const Event& event);
   void await_leavers_flush();
   KeeperGeneration keeper_generation() const;
@@ -446,10 +447,7 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
                                " s); raise --node-timeout on a loaded machine"};
   const KeeperGeneration previous = keeper_generation();
   const bool changed = next != members_;
-  generation_ = generation;
-  members_ = next;
-  position_ = static_cast<int>(std::find(next.begin(), next.end(), options_.node_rank) - next.begin());
-  peer_beats_.clear();
+  enter(generation, next);
   old_rank_dirs_ = changed && !snapshot_dir_.empty();
   if (changed && keeper_ && !snapshot_dir_.empty()) {
     KeeperRecovery recovery;
@@ -459,18 +457,23 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
   return await_recovery(generation);
 }
 
+// Becomes a member of generation `generation` (which includes this node).
+void Agent::enter(int generation, const std::vector<int>& members) {
+  generation_ = generation;
+  members_ = members;
+  position_ = static_cast<int>(std::find(members.begin(), members.end(), options_.node_rank) - members.begin());
+  peer_beats_.clear();
+}
+
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
-  const auto ended = [&](std::optional<LaunchResult> result) {
-    recovered_ = Clock::now();
-    restart_unreported_ = !result && position_ == 0 && failure_seen_ != Clock::time_point{};
-    return result;
-  };
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
     channel_.set(keys::restart_resume(generation), "1");
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   switch (wait_key(keys::restart_resume(generation), deadline, /*watch_failure=*/true)) {
     case WaitEnd::kSet:
-      return ended(std::nullopt);
+      recovered_ = Clock::now();
+      restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
+      return std::nullopt;
     case WaitEnd::kSignal:
       return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
     case WaitEnd::kFailure:
@@ -487,8 +490,9 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
 
 // SIGTERM to an agent of an elastic job: a spot preemption notice. Announce the leave
 // first (the others re-form without waiting for --node-timeout), give the workers
-// --grace-seconds to finish or abandon their step, and go. What this machine's snapshots
-// held is already on the others (replicas, parity of the last protected step).
+// --grace-seconds to finish their step and commit its snapshot, flush that step into the
+// redundancy (SnapshotKeeper::flush: a shard only this machine held is then rebuilt by
+// the others), and go.
 LaunchResult Agent::leave(const Event& event) {
   write_all(io_.stderr_fd, "trireme run: " + node() + " received " + signal_name(event.signal) +
                                " (preemption notice): stopping its workers and leaving the job\n");
@@ -614,9 +618,7 @@ std::optional<LaunchResult> Agent::join_running() {
     const std::vector<int> members = parse_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (contains(members, options_.node_rank)) {
       channel_.set(keys::pending(options_.node_rank), "");
-      generation_ = generation;
-      members_ = members;
-      position_ = static_cast<int>(std::find(members.begin(), members.end(), options_.node_rank) - members.begin());
+      enter(generation, members);
       if (auto refused = await_recovery(generation)) return refused;
       write_all(io_.stderr_fd, "trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
                                    " (nodes " + join_ids(members) + ")\n");
@@ -754,11 +756,7 @@ std::optional<Event> Agent::watch_nodes() {
     if (id == options_.node_rank) continue;
     if (channel_.try_get(keys::left(id)))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
-    if (stale(id, now)) {
-      char after[32];
-      std::snprintf(after, sizeof after, "%g", options_.node_timeout_s);
-      return Event{Ending::kNodeLost, "node " + std::to_string(id) + " is lost (no heartbeat for " + after + " s)"};
-    }
+    if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s)};
   }
   // (Not once a worker has finished: the job is ending, a new generation would redo nothing.)
   const bool all_running =

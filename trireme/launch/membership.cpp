@@ -6,6 +6,12 @@
 
 namespace trireme::launch {
 
+std::string lost_node(int node, double node_timeout_s) {
+  char silence[32];
+  std::snprintf(silence, sizeof silence, "%g", node_timeout_s);
+  return "node " + std::to_string(node) + " is lost (no heartbeat for " + silence + " s)";
+}
+
 MembershipDecision decide_membership(const std::vector<int>& previous, const std::map<int, NodeState>& states,
                                      int min_nodes, int max_nodes, bool elastic, double node_timeout_s) {
   MembershipDecision d;
@@ -13,8 +19,6 @@ MembershipDecision decide_membership(const std::vector<int>& previous, const std
     auto it = states.find(id);
     return it == states.end() ? NodeState::kLost : it->second;
   };
-  char silence[32];
-  std::snprintf(silence, sizeof silence, "%g", node_timeout_s);
   for (int id : previous) {
     const NodeState state = state_of(id);
     if (state == NodeState::kCheckedIn) {
@@ -22,9 +26,9 @@ MembershipDecision decide_membership(const std::vector<int>& previous, const std
       continue;
     }
     d.dropped.push_back(id);
-    d.why_dropped += (d.why_dropped.empty() ? "" : "; ") + std::string("node ") + std::to_string(id) +
-                     (state == NodeState::kLeft ? " left the job"
-                                                : std::string(" is lost (no heartbeat for ") + silence + " s)");
+    d.why_dropped += (d.why_dropped.empty() ? "" : "; ") +
+                     (state == NodeState::kLeft ? "node " + std::to_string(id) + " left the job"
+                                                : lost_node(id, node_timeout_s));
   }
   for (const auto& [id, state] : states)  // ascending ids
     if (state == NodeState::kJoining && static_cast<int>(d.members.size()) < max_nodes &&

@@ -23,6 +23,9 @@ struct MembershipDecision {
   std::string failure;       // non-empty when fewer than min_nodes remain
 };
 
+// "node N is lost (no heartbeat for T s)": how a node silent for --node-timeout is named.
+std::string lost_node(int node, double node_timeout_s);
+
 // previous: the old generation's members; states: what became of each of them and of every
 // node asking to join; node_timeout_s names the silence that made a node lost.
 MembershipDecision decide_membership(const std::vector<int>& previous, const std::map<int, NodeState>& states,
