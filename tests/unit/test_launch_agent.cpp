@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "trireme/launch/agent.h"
 
@@ -217,4 +218,29 @@ TEST(LaunchAgent, FixedSizeJobEndsWhenANodeIsLost) {
   EXPECT_EQ(result.failure,
             "node 1 is lost (no heartbeat for 0.5 s); 1 node left, fewer than the 2 the job needs (give --nnodes "
             "MIN:MAX to go on with fewer)");
+}
+
+// A node asking to join once no restart is left does not end the job: the generation's
+// workers finish (before, the join ended supervision as if they had all exited).
+TEST(LaunchAgent, JoinRequestWithoutARestartLeftLetsTheWorkersFinish) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
+  LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then sleep 1; echo finished; exit 0; fi; "
+                                  "exec sleep 30");
+  o.nnodes = 2;
+  o.nnodes_min = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 0.5;
+  o.rdzv_port = 1234;
+  std::thread joiner([&] {  // once generation 1 runs without node 1, node 1 asks back in
+    if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
+    channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
+    channel.add(keys::kPending, 1);
+  });
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  joiner.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = io.stdout_text();
+  EXPECT_NE(out.find("finished"), std::string::npos) << out;
 }

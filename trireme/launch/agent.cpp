@@ -286,7 +286,6 @@ LaunchResult Agent::run() {
       }
       continue;
     }
-    if (event.ending == Ending::kNodeJoin) event = {Ending::kAllExited, ""};  // cannot happen: joins need restarts
     if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
       event.what += "; gave up after " + std::to_string(generation_) + " restart" + (generation_ == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
@@ -613,7 +612,8 @@ std::optional<LaunchResult> Agent::join_running() {
       case WaitEnd::kTimeout:
         return LaunchResult{1, "timed out after " + std::to_string(options_.join_timeout_s) +
                                    " s waiting for the running job to take " + node() +
-                                   " (it has --nnodes MAX nodes already, or it finished)"};
+                                   " (it has --nnodes MAX nodes already, has no --max-restarts left, or it "
+                                   "finished)"};
     }
     const std::vector<int> members = parse_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (contains(members, options_.node_rank)) {
@@ -758,10 +758,12 @@ std::optional<Event> Agent::watch_nodes() {
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
     if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s)};
   }
-  // (Not once a worker has finished: the job is ending, a new generation would redo nothing.)
+  // (Not once a worker has finished: the job is ending, a new generation would redo
+  // nothing; nor without a restart left: the joiner waits until its --join-timeout.)
   const bool all_running =
       std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
-  if (elastic(options_) && static_cast<int>(members_.size()) < options_.nnodes && all_running) {
+  if (elastic(options_) && static_cast<int>(members_.size()) < options_.nnodes && all_running &&
+      generation_ < options_.max_restarts) {
     const int64_t requests = channel_.add(keys::kPending, 0);
     if (requests > pending_seen_) {
       pending_seen_ = requests;
@@ -1029,8 +1031,8 @@ LaunchResult Agent::finish(const Event& event) {
                        "); stopped the workers of " + node();
       break;
     case Ending::kAllExited:
-    case Ending::kNodeLost:  // run() turned these into kWorkerFailed / kAllExited
-    case Ending::kNodeJoin:
+    case Ending::kNodeLost:  // run() turned it into kWorkerFailed
+    case Ending::kNodeJoin:  // raised only while a restart is left (watch_nodes)
       break;
   }
   stop_workers(options_.stop_grace_s);
