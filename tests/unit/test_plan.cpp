@@ -1,0 +1,269 @@
+// The planner's pure parts on hand-computable cases: profile and cluster files (with the
+// JSON path of a bad field), the pipeline replay against closed forms, the alpha-beta
+// collectives, memory rejection, and the search giving a slow device fewer layers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "trireme/common/error.h"
+#include "trireme/plan/cluster.h"
+#include "trireme/plan/cost_model.h"
+#include "trireme/plan/profile.h"
+#include "trireme/plan/search.h"
+
+namespace trireme::plan {
+namespace {
+
+// A profile of `blocks` equal blocks: each layer F = 1 s, B = 1 s, W = 1 s per sequence
+// (embeddings and head as cheap as a block too, so every layer costs the same), no
+// communication cost unless asked.
+Profile uniform_profile(int blocks, double seconds = 1.0) {
+  Profile p;
+  p.model.layers = blocks;
+  p.model.heads = 4;
+  p.model.vocab = 256;
+  p.p2p = Link{0, 1e300};
+  p.allreduce = Link{0, 1e300};
+  auto layer = [&](const std::string& name) {
+    LayerProfile l;
+    l.name = name;
+    l.parameters = 1000;
+    l.timings = {{1, seconds, seconds, seconds, 100, 10}, {2, 2 * seconds, 2 * seconds, 2 * seconds, 200, 20}};
+    return l;
+  };
+  p.layers.push_back(layer("embeddings"));
+  for (int i = 0; i < blocks; ++i) p.layers.push_back(layer("h." + std::to_string(i)));
+  p.layers.push_back(layer("head"));
+  return p;
+}
+
+Layout pipeline_layout(const Cluster& c, int pp, pipeline::ScheduleKind kind, int m,
+                       std::vector<pipeline::LayerRange> split) {
+  Layout l;
+  l.pp = pp;
+  l.schedule = kind;
+  l.micro_batches = m;
+  l.split = std::move(split);
+  for (int r = 0; r < pp; ++r) l.ranks.push_back({0, 0, r});
+  (void)c;
+  return l;
+}
+
+TEST(PlanProfile, InterpolatesBetweenRowsAndExtrapolatesBeyond) {
+  LayerProfile l;
+  l.timings = {{1, 1.0, 2.0, 3.0, 10, 1}, {4, 4.0, 5.0, 6.0, 40, 4}};
+  EXPECT_DOUBLE_EQ(layer_time(l, Work::kForward, 2), 2.0);
+  EXPECT_DOUBLE_EQ(layer_time(l, Work::kBackwardInput, 8), 9.0);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(l, 2), 20.0);
+  l.timings.resize(1);
+  EXPECT_DOUBLE_EQ(layer_time(l, Work::kBackwardWeight, 2), 6.0);
+}
+
+TEST(PlanProfile, JsonRoundTripAndBadFieldNamesItsPath) {
+  Profile p = uniform_profile(2);
+  const Profile q = parse_profile(to_json(p), "p.json");
+  ASSERT_EQ(q.layers.size(), p.layers.size());
+  EXPECT_EQ(q.layers[1].name, "h.0");
+  EXPECT_DOUBLE_EQ(q.layers[3].timings[1].backward_weight_s, 2.0);
+  std::string text = to_json(p);
+  const std::string needle = "\"forward_s\": 1.0";
+  const auto at = text.find(needle);
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 400);
+  text.replace(at, needle.size(), "\"forward_s\": -1");
+  try {
+    parse_profile(text, "p.json");
+    FAIL() << "a negative time was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("p.json: layers[0].timings[0].forward_s must be a number >= 0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PlanCluster, ReadsCatalogDevicesAndOverrides) {
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "A100", "machines": 2, "devices_per_machine": 8,
+       "inter_bandwidth_gbps": 200, "price_per_hour": 32, "spot": true, "preemptions_per_hour": 0.1},
+      {"device": "V100", "machines": 1, "devices_per_machine": 8, "memory_gib": 16}]})",
+                                  "c.json");
+  ASSERT_EQ(c.groups.size(), 2u);
+  EXPECT_EQ(c.devices(), 24);
+  EXPECT_DOUBLE_EQ(c.groups[0].tflops, 312);
+  EXPECT_DOUBLE_EQ(c.groups[0].inter.bandwidth_Bps, 25e9);
+  EXPECT_EQ(c.groups[1].name, "V100");
+  EXPECT_DOUBLE_EQ(c.groups[1].memory_bytes, 16.0 * 1024 * 1024 * 1024);
+  Profile p;
+  p.reference_tflops = 156;
+  EXPECT_DOUBLE_EQ(c.groups[0].speed(p), 2.0);
+}
+
+TEST(PlanCluster, ErrorsNameTheJsonPath) {
+  auto error_of = [](const std::string& text) {
+    try {
+      parse_cluster(text, "c.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1},
+                                    {"device": "V100", "machines": 2, "inter_bandwidth_gbps": -5}]})")
+                .find("c.json: groups[1].inter_bandwidth_gbps must be a positive number (got -5)"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"groups": [{"device": "B200", "machines": 1}]})").find("groups[0].device 'B200' is not in the device catalog"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100"}]})").find("groups[0].machines is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1, "gpus": 8}]})").find("groups[0].gpus is not a known field"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"groups": [)").find("c.json: not valid JSON"), std::string::npos);
+}
+
+// A 2-stage pipeline with known times gives the known makespan.
+TEST(PlanCostModel, TwoStagePipelineMakespanMatchesClosedForm) {
+  const Profile p = uniform_profile(2);  // 4 layers, F = B = W = 1 s each at b = 1
+  const Cluster c = local_cluster(2);
+  for (const auto kind : {pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kOneFOneB}) {
+    for (int m : {1, 2, 4, 8}) {
+      const Estimate e = estimate(p, c, pipeline_layout(c, 2, kind, m, {{0, 2}, {2, 4}}));
+      // Per stage F = 2 s, full backward 4 s; (m + p - 1)(F + B).
+      EXPECT_DOUBLE_EQ(e.makespan_s, (m + 1) * 6.0) << pipeline::schedule_name(kind) << " m=" << m;
+      EXPECT_NEAR(e.bubble_fraction, 1.0 / (m + 1), 1e-12);
+    }
+  }
+  // ZB-H1 with B = W: the cool-down bubble is filled with deferred W's.
+  const Estimate zb = estimate(p, c, pipeline_layout(c, 2, pipeline::ScheduleKind::kZbH1, 4, {{0, 2}, {2, 4}}));
+  const Estimate one = estimate(p, c, pipeline_layout(c, 2, pipeline::ScheduleKind::kOneFOneB, 4, {{0, 2}, {2, 4}}));
+  EXPECT_LT(zb.makespan_s, one.makespan_s);
+  EXPECT_GE(zb.makespan_s, 4 * 6.0);  // never below the stage's own work
+}
+
+TEST(PlanCostModel, TransfersLengthenTheCriticalPath) {
+  Profile p = uniform_profile(2);
+  p.p2p = Link{0.5, 1e300};  // every boundary transfer takes 0.5 s
+  const Cluster c = local_cluster(2);
+  // m = 1: F0 [0,2], send, F1 [2.5,4.5], B1 [4.5,8.5], send, B0 [9,13].
+  const Estimate e = estimate(p, c, pipeline_layout(c, 2, pipeline::ScheduleKind::kOneFOneB, 1, {{0, 2}, {2, 4}}));
+  EXPECT_DOUBLE_EQ(e.makespan_s, 13.0);
+}
+
+TEST(PlanCostModel, RingAllReduceUnderAlphaBeta) {
+  Profile p;
+  p.allreduce = Link{2e-3, 1e9};  // measured at world 2: 2 ms + n / 1 GB/s
+  p.allreduce_world = 2;
+  const Cluster local = local_cluster(4);
+  // At w = 2 the measurement itself.
+  EXPECT_NEAR(allreduce_time(p, local, {{0, 0, 0}, {0, 0, 1}}, 1e6), 2e-3 + 1e-3, 1e-12);
+  // At w = 4: 2(w-1) steps, each of latency 1 ms and n/w bytes at 1 GB/s (at w = 2 the
+  // two steps of n/2 bytes made the measured n / 1 GB/s).
+  EXPECT_NEAR(allreduce_time(p, local, {{0, 0, 0}, {0, 0, 1}, {0, 0, 2}, {0, 0, 3}}, 1e6),
+              6 * (1e-3 + 0.25e6 / 1e9), 1e-12);
+  // Two machines of the catalog: the hierarchical form when it beats the flat ring.
+  const Cluster two = parse_cluster(R"({"groups": [{"device": "A100", "machines": 2, "devices_per_machine": 4,
+      "inter_bandwidth_gbps": 100, "inter_latency_us": 0, "intra_latency_us": 0}]})", "c");
+  std::vector<DeviceSlot> all;
+  for (int m = 0; m < 2; ++m)
+    for (int d = 0; d < 4; ++d) all.push_back({0, m, d});
+  const double n = 1e9;
+  const double flat = 2.0 * 7 * (n / 8 / 12.5e9);
+  const double hier = 2.0 * 3 * (n / 4 / 300e9) + 2.0 * 1 * (n / 2 / 12.5e9);
+  EXPECT_NEAR(allreduce_time(p, two, all, n), std::min(flat, hier), 1e-9);
+}
+
+TEST(PlanCostModel, LayoutThatDoesNotFitIsRejectedWithTheReason) {
+  Profile p = uniform_profile(2);
+  for (auto& l : p.layers) l.parameters = int64_t{1} << 30;  // 1G parameters a layer, 16 B each
+  Cluster c = parse_cluster(R"({"groups": [{"device": "V100", "machines": 1, "devices_per_machine": 2}]})", "c");
+  const Estimate e = estimate(p, c, pipeline_layout(c, 2, pipeline::ScheduleKind::kOneFOneB, 2, {{0, 2}, {2, 4}}));
+  EXPECT_FALSE(e.fits);
+  EXPECT_NE(e.reason.find("stage 0 needs 32"), std::string::npos) << e.reason;
+  EXPECT_NE(e.reason.find("usable"), std::string::npos) << e.reason;
+}
+
+TEST(PlanCostModel, ZeroShardsOptimizerStateAndGradients) {
+  Profile p = uniform_profile(2);
+  const Cluster c = local_cluster(2);
+  Layout l;
+  l.dp = 2;
+  l.split = {{0, 4}};
+  l.ranks = {{0, 0, 0}, {0, 0, 1}};
+  const StageCost none = estimate(p, c, l).stages[0];
+  l.zero = 1;
+  const StageCost one = estimate(p, c, l).stages[0];
+  l.zero = 2;
+  const StageCost two = estimate(p, c, l).stages[0];
+  EXPECT_DOUBLE_EQ(one.optimizer_bytes, none.optimizer_bytes / 2);
+  EXPECT_DOUBLE_EQ(one.grad_bytes, none.grad_bytes);
+  EXPECT_DOUBLE_EQ(two.grad_bytes, none.grad_bytes / 2);
+}
+
+TEST(PlanSearch, BalanceForSpeedsGivesTheSlowPartFewerLayers) {
+  const std::vector<double> costs(8, 1.0);
+  EXPECT_EQ(balance_for_speeds(costs, {1, 1}), (std::vector<pipeline::LayerRange>{{0, 4}, {4, 8}}));
+  // Stage 1 at a third of the speed: 6 + 2 layers make both take 6.
+  EXPECT_EQ(balance_for_speeds(costs, {1, 1.0 / 3}), (std::vector<pipeline::LayerRange>{{0, 6}, {6, 8}}));
+}
+
+// A cluster with one slow device gets fewer layers on it.
+TEST(PlanSearch, SlowDeviceGetsFewerLayers) {
+  Profile p = uniform_profile(6);  // 8 equal layers
+  p.p2p = Link{1e-3, 1e9};
+  p.allreduce = Link{1e-3, 1e9};
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": 1},
+      {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 16, "machines": 1}]})", "c");
+  SearchOptions o;
+  o.global_batch = 8;
+  const SearchResult r = search(p, c, o);
+  const Layout& best = r.best.layout;
+  ASSERT_EQ(best.pp, 2) << describe(best);
+  const int slow_stage = best.ranks[best.rank_of(0, 0, 0)].group == 1 ? 0 : 1;
+  int slow_layers = 0, fast_layers = 0;
+  for (int v = 0; v < best.pp * best.chunks; ++v) {
+    const int n = best.split[v].end - best.split[v].begin;
+    (v % best.pp == slow_stage ? slow_layers : fast_layers) += n;
+  }
+  EXPECT_LT(slow_layers, fast_layers) << describe(best);
+  EXPECT_GT(r.evaluated, 10);
+  EXPECT_FALSE(r.runners_up.empty());
+  // The symmetric baseline splits evenly and is slower.
+  o.aware = false;
+  const SearchResult sym = search(p, c, o);
+  EXPECT_GT(sym.best.estimate.step_s, r.best.estimate.step_s * 1.05);
+}
+
+TEST(PlanSearch, NothingFitsIsAnErrorNamingTheClosestLayout) {
+  Profile p = uniform_profile(2);
+  for (auto& l : p.layers) l.parameters = int64_t{1} << 32;
+  const Cluster c = parse_cluster(R"({"groups": [{"device": "T4", "machines": 1, "devices_per_machine": 1}]})", "c");
+  SearchOptions o;
+  o.global_batch = 4;
+  try {
+    search(p, c, o);
+    FAIL() << "a 17-billion-parameter model fit on one T4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no layout fits"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanSearch, ThousandDevicesArePlannedInSeconds) {
+  models::GptConfig m;
+  m.layers = 48;
+  m.dim = 2048;
+  m.heads = 16;
+  m.seq_len = 2048;
+  m.vocab = 50304;
+  const Profile p = analytic_profile(m, "A100", 312, 0.5);
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "a100", "device": "A100", "machines": 64, "devices_per_machine": 8, "inter_bandwidth_gbps": 200},
+      {"name": "v100", "device": "V100", "machines": 64, "devices_per_machine": 8, "inter_bandwidth_gbps": 100}]})", "c");
+  SearchOptions o;
+  o.global_batch = 1024;
+  const SearchResult r = search(p, c, o);
+  EXPECT_TRUE(r.best.estimate.fits);
+  EXPECT_LT(r.search_s, 60.0) << "search took " << r.search_s << " s";  // generous: a loaded CI machine
+  RecordProperty("search_s", std::to_string(r.search_s));
+}
+
+}  // namespace
+}  // namespace trireme::plan

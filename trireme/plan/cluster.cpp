@@ -1,0 +1,139 @@
+#include "trireme/plan/cluster.h"
+
+#include "trireme/common/error.h"
+#include "trireme/plan/json_reader.h"
+
+namespace trireme::plan {
+
+extern const char* const kDevicesJson;  // generated from devices.json
+
+double MachineGroup::speed(const Profile& profile) const {
+  return relative_speed > 0 ? relative_speed : tflops / profile.reference_tflops;
+}
+
+int Cluster::devices() const {
+  int n = 0;
+  for (const MachineGroup& g : groups) n += g.devices();
+  return n;
+}
+
+int Cluster::machines() const {
+  int n = 0;
+  for (const MachineGroup& g : groups) n += g.machines;
+  return n;
+}
+
+const std::vector<DeviceSpec>& device_catalog() {
+  static const std::vector<DeviceSpec> catalog = [] {
+    const nlohmann::json doc = Field::parse(kDevicesJson, "devices.json");
+    std::vector<DeviceSpec> out;
+    for (const Field& f : Field(doc, "", "devices.json").at("devices").items()) {
+      DeviceSpec d;
+      d.name = f.at("name").str();
+      d.tflops = f.at("tflops").positive();
+      d.memory_gib = f.at("memory_gib").positive();
+      d.intra = Link{f.at("intra_latency_us").non_negative() * 1e-6,
+                     f.at("intra_bandwidth_GBps").positive() * 1e9};
+      d.source = f.at("source").str();
+      out.push_back(d);
+    }
+    return out;
+  }();
+  return catalog;
+}
+
+const DeviceSpec& find_device(const std::string& name) {
+  std::string known;
+  for (const DeviceSpec& d : device_catalog()) {
+    if (d.name == name) return d;
+    known += (known.empty() ? "" : ", ") + d.name;
+  }
+  TRIREME_THROW(InvalidArgument, "unknown device '", name, "'; known devices: ", known,
+                " (or give tflops and memory_gib)");
+}
+
+namespace {
+
+MachineGroup read_group(const Field& f) {
+  f.only({"name", "device", "machines", "devices_per_machine", "tflops", "relative_speed",
+          "memory_gib", "intra_bandwidth_GBps", "intra_latency_us", "inter_bandwidth_gbps",
+          "inter_latency_us", "price_per_hour", "spot", "preemptions_per_hour", "trace"});
+  MachineGroup g;
+  g.device = f.at("device").str();
+  g.name = f.str_or("name", g.device);
+  g.machines = static_cast<int>(f.at("machines").integer(1));
+  g.devices_per_machine = static_cast<int>(f.integer_or("devices_per_machine", 1, 1));
+  const DeviceSpec* known = nullptr;
+  for (const DeviceSpec& d : device_catalog())
+    if (d.name == g.device) known = &d;
+  if (f.has("tflops") && f.has("relative_speed"))
+    f.at("relative_speed").fail("and tflops both given; give one of them");
+  g.relative_speed = f.positive_or("relative_speed", 0);
+  g.tflops = f.positive_or("tflops", known ? known->tflops : 0);
+  if (g.relative_speed > 0) g.tflops = 0;
+  const double memory_gib = f.positive_or("memory_gib", known ? known->memory_gib : 0);
+  if (!known && (g.tflops == 0 && g.relative_speed == 0))
+    f.at("device").fail("'" + g.device + "' is not in the device catalog (" +
+                        [] {
+                          std::string names;
+                          for (const DeviceSpec& d : device_catalog())
+                            names += (names.empty() ? "" : ", ") + d.name;
+                          return names;
+                        }() +
+                        "); give tflops (or relative_speed) and memory_gib for it");
+  if (memory_gib == 0) f.at("memory_gib").fail("is needed for a device not in the catalog");
+  g.memory_bytes = memory_gib * 1024.0 * 1024.0 * 1024.0;
+  g.intra = known ? known->intra : Link{};
+  if (f.has("intra_bandwidth_GBps")) g.intra.bandwidth_Bps = f.at("intra_bandwidth_GBps").positive() * 1e9;
+  if (f.has("intra_latency_us")) g.intra.latency_s = f.at("intra_latency_us").non_negative() * 1e-6;
+  if (f.has("inter_bandwidth_gbps"))
+    g.inter.bandwidth_Bps = f.at("inter_bandwidth_gbps").positive() * 1e9 / 8;
+  g.inter.latency_s = f.non_negative_or("inter_latency_us", 5) * 1e-6;
+  if (g.machines > 1 && g.inter.bandwidth_Bps == 0 && known)
+    f.at("inter_bandwidth_gbps").fail("is needed when a group has several machines");
+  g.price_per_hour = f.non_negative_or("price_per_hour", 0);
+  g.spot = f.boolean_or("spot", false);
+  g.preemptions_per_hour = f.non_negative_or("preemptions_per_hour", 0);
+  g.trace = f.str_or("trace", "");
+  if (!g.spot && (f.has("preemptions_per_hour") || f.has("trace")))
+    f.at("spot").fail("is false but preemptions are given; set \"spot\": true or drop them");
+  return g;
+}
+
+}  // namespace
+
+Cluster parse_cluster(const std::string& text, const std::string& origin) {
+  const nlohmann::json doc = Field::parse(text, origin);
+  const Field root(doc, "", origin);
+  root.only({"name", "groups", "about"});
+  Cluster c;
+  c.name = root.str_or("name", origin);
+  for (const Field& g : root.at("groups").items()) c.groups.push_back(read_group(g));
+  if (c.groups.empty()) root.at("groups").fail("is empty; describe at least one group of machines");
+  for (size_t i = 0; i < c.groups.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (c.groups[i].name == c.groups[j].name)
+        root.at("groups").items()[i].at("name").fail("'" + c.groups[i].name +
+                                                      "' is used by two groups; names must differ");
+  return c;
+}
+
+Cluster read_cluster(const std::string& path) {
+  return parse_cluster(read_text_file(path), path);
+}
+
+Cluster local_cluster(int devices) {
+  TRIREME_CHECK(devices >= 1, "a local cluster needs at least one rank");
+  MachineGroup g;
+  g.name = "local";
+  g.device = "cpu";
+  g.devices_per_machine = devices;
+  g.relative_speed = 1;
+  g.memory_bytes = 16.0 * 1024 * 1024 * 1024;
+  Cluster c;
+  c.name = "this machine";
+  c.groups.push_back(g);
+  return c;
+}
+
+}  // namespace trireme::plan

@@ -1,0 +1,384 @@
+#include "trireme/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "trireme/common/error.h"
+
+namespace trireme::plan {
+
+namespace {
+
+using pipeline::BackwardInput;
+using pipeline::BackwardWeight;
+using pipeline::Forward;
+using pipeline::Instruction;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The profile's all-reduce link is a "bus" figure measured at its world size w0: an
+// all-reduce there took latency + n/bandwidth. A ring takes 2(w-1) steps of n/w bytes, so
+// per step: latency / (2(w0-1)) and the same bandwidth scaled by w0 / (2(w0-1)).
+Link ring_step_link(const Profile& profile) {
+  const double w0 = std::max(2, profile.allreduce_world);
+  return Link{profile.allreduce.latency_s / (2 * (w0 - 1)),
+              profile.allreduce.bandwidth_Bps * w0 / (2 * (w0 - 1)) };
+}
+
+Link intra_link(const Profile& profile, const MachineGroup& g, bool collective) {
+  if (g.intra.bandwidth_Bps > 0) return g.intra;
+  return collective ? ring_step_link(profile) : profile.p2p;
+}
+
+Link inter_link(const Profile& profile, const MachineGroup& a, const MachineGroup& b,
+                bool collective) {
+  if (a.inter.bandwidth_Bps > 0 && b.inter.bandwidth_Bps > 0)
+    return Link{std::max(a.inter.latency_s, b.inter.latency_s),
+                std::min(a.inter.bandwidth_Bps, b.inter.bandwidth_Bps)};
+  return collective ? ring_step_link(profile) : profile.p2p;
+}
+
+Link slower(const Link& a, const Link& b) {
+  return Link{std::max(a.latency_s, b.latency_s), std::min(a.bandwidth_Bps, b.bandwidth_Bps)};
+}
+
+double ring(int w, const Link& step, double bytes) {
+  return w <= 1 ? 0.0 : 2.0 * (w - 1) * (step.latency_s + bytes / w / step.bandwidth_Bps);
+}
+
+double sum_layers(const Profile& profile, const pipeline::LayerRange& range, Work work, double b) {
+  double t = 0;
+  for (int l = range.begin; l < range.end; ++l) t += layer_time(profile.layers[l], work, b);
+  return t;
+}
+
+void check_layout(const Profile& profile, const Cluster& cluster, const Layout& layout) {
+  TRIREME_CHECK(layout.dp >= 1 && layout.tp >= 1 && layout.pp >= 1 && layout.chunks >= 1,
+                "a layout needs dp, tp, pp and chunks >= 1");
+  TRIREME_CHECK(layout.micro_batches >= 1 && layout.micro_batch_size >= 1,
+                "a layout needs micro_batches and micro_batch_size >= 1");
+  TRIREME_CHECK(layout.zero >= 0 && layout.zero <= 2, "zero must be 0, 1 or 2");
+  TRIREME_CHECK(static_cast<int>(layout.ranks.size()) == layout.world(), "the layout places ",
+                layout.ranks.size(), " ranks but dp*tp*pp = ", layout.world());
+  for (const DeviceSlot& d : layout.ranks) {
+    TRIREME_CHECK(d.group >= 0 && d.group < static_cast<int>(cluster.groups.size()),
+                  "a rank is placed on group ", d.group, " but the cluster has ",
+                  cluster.groups.size(), " groups");
+    const MachineGroup& g = cluster.groups[d.group];
+    TRIREME_CHECK(d.machine >= 0 && d.machine < g.machines && d.device >= 0 &&
+                      d.device < g.devices_per_machine,
+                  "a rank is placed on machine ", d.machine, " device ", d.device, " of group ",
+                  g.name, ", which has ", g.machines, " x ", g.devices_per_machine);
+  }
+  const int parts = layout.pp * layout.chunks;
+  TRIREME_CHECK(static_cast<int>(layout.split.size()) == parts, "the layer split has ",
+                layout.split.size(), " parts but pp*chunks = ", parts);
+  int next = 0;
+  for (const auto& r : layout.split) {
+    TRIREME_CHECK(r.begin == next && r.end > r.begin, "the layer split is not contiguous at layer ", next);
+    next = r.end;
+  }
+  TRIREME_CHECK(next == static_cast<int>(profile.layers.size()), "the layer split covers ", next,
+                " layers but the profile has ", profile.layers.size());
+  if (layout.pp > 1)
+    pipeline::validate({layout.schedule, layout.pp, layout.micro_batches, layout.chunks});
+}
+
+std::string gib(double bytes) {
+  std::ostringstream out;
+  out.precision(bytes < 10 * kGiB ? 2 : 3);
+  out << bytes / kGiB << " GiB";
+  return out.str();
+}
+
+}  // namespace
+
+double Estimate::peak_memory_bytes() const {
+  double peak = 0;
+  for (const StageCost& s : stages) peak = std::max(peak, s.memory_bytes());
+  return peak;
+}
+
+double allreduce_time(const Profile& profile, const Cluster& cluster,
+                      const std::vector<DeviceSlot>& members, double bytes) {
+  const int w = static_cast<int>(members.size());
+  if (w <= 1 || bytes <= 0) return 0.0;
+  std::map<std::pair<int, int>, int> per_machine;
+  Link intra{0, 1e300};
+  Link inter{0, 1e300};
+  for (const DeviceSlot& d : members) {
+    ++per_machine[{d.group, d.machine}];
+    intra = slower(intra, intra_link(profile, cluster.groups[d.group], true));
+    for (const DeviceSlot& e : members)
+      inter = slower(inter, inter_link(profile, cluster.groups[d.group], cluster.groups[e.group], true));
+  }
+  const int machines = static_cast<int>(per_machine.size());
+  if (machines == 1) return ring(w, intra, bytes);
+  int k = 0;
+  for (const auto& [machine, count] : per_machine) k = std::max(k, count);
+  const double flat = ring(w, slower(intra, inter), bytes);
+  // Inside each machine a reduce-scatter and an all-gather among its k devices; across
+  // machines an all-reduce of each device's n/k, the k of them sharing the machine's link.
+  const double hierarchical =
+      ring(k, intra, bytes) + 2.0 * (machines - 1) * (inter.latency_s + bytes / machines / inter.bandwidth_Bps);
+  return std::min(flat, hierarchical);
+}
+
+double p2p_time(const Profile& profile, const Cluster& cluster, const DeviceSlot& from,
+                const DeviceSlot& to, double bytes) {
+  const MachineGroup& a = cluster.groups[from.group];
+  const MachineGroup& b = cluster.groups[to.group];
+  const bool same_machine = from.group == to.group && from.machine == to.machine;
+  const Link link = same_machine ? intra_link(profile, a, false) : inter_link(profile, a, b, false);
+  return link.time(bytes);
+}
+
+ReplayResult replay(const pipeline::ScheduleSpec& spec, const InstructionTimes& times) {
+  const int p = spec.stages, v = spec.chunks, m = spec.micro_batches;
+  const int virtual_stages = p * v;
+  std::vector<std::vector<Instruction>> order(p);
+  for (int s = 0; s < p; ++s) order[s] = pipeline::compute_order(spec, s);
+  // done[micro][virtual stage]: end of F / of B (input gradient); -1 while unknown.
+  std::vector<std::vector<double>> forward_done(m, std::vector<double>(virtual_stages, -1));
+  std::vector<std::vector<double>> backward_done = forward_done;
+  ReplayResult r;
+  r.end_s.assign(p, 0);
+  r.busy_s.assign(p, 0);
+  r.peak_live.assign(p, 0);
+  r.peak_activation_bytes.assign(p, 0);
+  r.last_backward.assign(p, std::vector<std::pair<double, double>>(v, {0, 0}));
+  std::vector<size_t> next(p, 0);
+  std::vector<int> live(p, 0);
+  std::vector<double> live_bytes(p, 0);
+  auto act = [&](int s, int c) {
+    return times.activation_bytes.empty() ? 0.0 : times.activation_bytes[s][c];
+  };
+  size_t remaining = 0;
+  for (const auto& o : order) remaining += o.size();
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int s = 0; s < p; ++s) {
+      while (next[s] < order[s].size()) {
+        const Instruction& in = order[s][next[s]];
+        const auto [micro, chunk] = pipeline::micro_and_chunk(in);
+        const int vs = chunk * p + s;
+        double ready = 0, duration = 0;
+        if (std::holds_alternative<Forward>(in)) {
+          if (vs > 0) {
+            const double prev = forward_done[micro][vs - 1];
+            if (prev < 0) break;
+            ready = prev + times.send_forward[vs - 1];
+          }
+          duration = times.forward[s][chunk];
+        } else if (const auto* b = std::get_if<BackwardInput>(&in)) {
+          if (vs + 1 < virtual_stages) {
+            const double after = backward_done[micro][vs + 1];
+            if (after < 0) break;
+            ready = after + times.send_backward[vs + 1];
+          }
+          duration = b->with_weights ? times.backward_full[s][chunk] : times.backward_input[s][chunk];
+        } else {
+          duration = times.backward_weight[s][chunk];
+        }
+        const double start = std::max(ready, r.end_s[s]);
+        const double end = start + duration;
+        r.end_s[s] = end;
+        r.busy_s[s] += duration;
+        if (std::holds_alternative<Forward>(in)) {
+          forward_done[micro][vs] = end;
+          r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
+          live_bytes[s] += act(s, chunk);
+          r.peak_activation_bytes[s] = std::max(r.peak_activation_bytes[s], live_bytes[s]);
+        } else if (const auto* b = std::get_if<BackwardInput>(&in)) {
+          backward_done[micro][vs] = end;
+          --live[s];
+          live_bytes[s] -= act(s, chunk);
+          if (b->with_weights) r.last_backward[s][chunk] = {start, end};
+        } else {
+          r.last_backward[s][chunk] = {start, end};
+        }
+        ++next[s];
+        --remaining;
+        progressed = true;
+      }
+    }
+    TRIREME_CHECK(progressed, "internal: the pipeline replay of ", pipeline::schedule_name(spec.kind),
+                  " p=", p, " m=", m, " v=", v, " deadlocked");
+  }
+  r.makespan_s = *std::max_element(r.end_s.begin(), r.end_s.end());
+  return r;
+}
+
+Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
+                  const CostOptions& options) {
+  check_layout(profile, cluster, layout);
+  const int p = layout.pp, v = layout.chunks, dp = layout.dp, tp = layout.tp;
+  const double b = layout.micro_batch_size;
+  const pipeline::ScheduleSpec spec{p > 1 ? layout.schedule : pipeline::ScheduleKind::kOneFOneB, p,
+                                    layout.micro_batches, p > 1 ? v : 1};
+  auto stage_ranks = [&](int s, bool all_tp) {
+    std::vector<DeviceSlot> out;
+    for (int r = 0; r < dp; ++r)
+      for (int t = 0; t < (all_tp ? tp : 1); ++t) out.push_back(layout.ranks[layout.rank_of(s, r, t)]);
+    return out;
+  };
+  auto tp_group = [&](int s) {
+    std::vector<DeviceSlot> out;
+    for (int t = 0; t < tp; ++t) out.push_back(layout.ranks[layout.rank_of(s, 0, t)]);
+    return out;
+  };
+
+  Estimate e;
+  e.stages.resize(p);
+  InstructionTimes times;
+  times.forward.assign(p, std::vector<double>(v, 0));
+  times.backward_input = times.backward_weight = times.backward_full = times.activation_bytes =
+      times.forward;
+  for (int s = 0; s < p; ++s) {
+    StageCost& sc = e.stages[s];
+    sc.speed = 1e300;
+    sc.device_memory_bytes = 1e300;
+    for (const DeviceSlot& d : stage_ranks(s, true)) {
+      sc.speed = std::min(sc.speed, cluster.groups[d.group].speed(profile));
+      sc.device_memory_bytes = std::min(sc.device_memory_bytes, cluster.groups[d.group].memory_bytes);
+    }
+    const std::vector<DeviceSlot> tp_members = tp_group(s);
+    for (int c = 0; c < v; ++c) {
+      const pipeline::LayerRange range = layout.split[c * p + s];
+      const double scale = 1.0 / (sc.speed * tp);
+      double tp_forward = 0, tp_backward = 0;
+      if (tp > 1)
+        for (int l = range.begin; l < range.end; ++l) {
+          const LayerProfile& layer = profile.layers[l];
+          const double hidden = layer_output_bytes(layer, b);
+          const int per_pass = layer.name.rfind("h.", 0) == 0 ? 2 : 1;  // blocks: attention + MLP
+          const double t = allreduce_time(profile, cluster, tp_members,
+                                          layer.name == "head" ? b * profile.model.seq_len * 4.0 : hidden);
+          tp_forward += per_pass * t;
+          tp_backward += per_pass * t;
+        }
+      times.forward[s][c] = sum_layers(profile, range, Work::kForward, b) * scale + tp_forward;
+      times.backward_input[s][c] = sum_layers(profile, range, Work::kBackwardInput, b) * scale + tp_backward;
+      times.backward_weight[s][c] = sum_layers(profile, range, Work::kBackwardWeight, b) * scale;
+      times.backward_full[s][c] = times.backward_input[s][c] + times.backward_weight[s][c];
+      double act = 0;
+      for (int l = range.begin; l < range.end; ++l) act += layer_activation_bytes(profile.layers[l], b);
+      times.activation_bytes[s][c] = act / tp;
+      if (s == 0 || p > 1) e.tp_comm_s = std::max(e.tp_comm_s, (tp_forward + tp_backward) * layout.micro_batches);
+    }
+  }
+  const int parts = p * v;
+  times.send_forward.assign(parts, 0);
+  times.send_backward.assign(parts, 0);
+  for (int vs = 0; vs < parts; ++vs) {
+    const int s = vs % p;
+    if (vs + 1 < parts) {
+      const double bytes = layer_output_bytes(profile.layers[layout.split[vs].end - 1], b);
+      const int to = (vs + 1) % p;
+      for (int r = 0; r < dp; ++r) {
+        const double t = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
+                                  layout.ranks[layout.rank_of(to, r, 0)], bytes);
+        times.send_forward[vs] = std::max(times.send_forward[vs], t);
+      }
+      e.p2p_s = std::max(e.p2p_s, times.send_forward[vs]);
+    }
+    if (vs > 0) {
+      const double bytes = layer_output_bytes(profile.layers[layout.split[vs - 1].end - 1], b);
+      const int to = (vs - 1 + p) % p;
+      for (int r = 0; r < dp; ++r)
+        times.send_backward[vs] =
+            std::max(times.send_backward[vs], p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
+                                                       layout.ranks[layout.rank_of(to, r, 0)], bytes));
+    }
+  }
+  const ReplayResult rep = replay(spec, times);
+  e.makespan_s = rep.makespan_s;
+
+  double bubble = 0;
+  for (int s = 0; s < p; ++s) {
+    StageCost& sc = e.stages[s];
+    sc.compute_s = rep.busy_s[s];
+    sc.pipeline_end_s = rep.end_s[s];
+    sc.peak_live = rep.peak_live[s];
+    bubble += rep.makespan_s > 0 ? (rep.makespan_s - rep.busy_s[s]) / rep.makespan_s : 0;
+    double params = 0, optimizer_s = 0;
+    for (int c = 0; c < v; ++c) {
+      const pipeline::LayerRange range = layout.split[c * p + s];
+      for (int l = range.begin; l < range.end; ++l) {
+        params += static_cast<double>(profile.layers[l].parameters) / tp;
+        optimizer_s += profile.layers[l].optimizer_s / (sc.speed * tp);
+      }
+    }
+    const std::vector<DeviceSlot> dp_members = stage_ranks(s, false);
+    // (2) buckets, chunk by chunk in the order their last backward ends, last layer first.
+    if (dp > 1) {
+      std::vector<int> chunk_order(v);
+      for (int c = 0; c < v; ++c) chunk_order[c] = c;
+      std::sort(chunk_order.begin(), chunk_order.end(), [&](int a, int c) {
+        return rep.last_backward[s][a].second < rep.last_backward[s][c].second;
+      });
+      const double grad_per_param = profile.state.grad;
+      const double collective_share = layout.zero == 2 ? 0.5 : 1.0;  // reduce-scatter: half
+      double comm_free = 0, bucket_bytes = 0, bucket_ready = 0;
+      double cap = options.first_bucket_mb * 1024 * 1024;
+      auto flush = [&] {
+        if (bucket_bytes <= 0) return;
+        const double t = collective_share * allreduce_time(profile, cluster, dp_members, bucket_bytes);
+        comm_free = std::max(comm_free, bucket_ready) + t;
+        sc.sync_total_s += t;
+        bucket_bytes = 0;
+        cap = options.bucket_mb * 1024 * 1024;
+      };
+      for (int c : chunk_order) {
+        const pipeline::LayerRange range = layout.split[c * p + s];
+        const auto [start, end] = rep.last_backward[s][c];
+        double work_total = 0;
+        for (int l = range.begin; l < range.end; ++l)
+          work_total += layer_time(profile.layers[l], Work::kBackwardInput, b) +
+                        layer_time(profile.layers[l], Work::kBackwardWeight, b);
+        double work_done = 0;
+        for (int l = range.end - 1; l >= range.begin; --l) {
+          const LayerProfile& layer = profile.layers[l];
+          work_done += layer_time(layer, Work::kBackwardInput, b) + layer_time(layer, Work::kBackwardWeight, b);
+          const double ready = start + (end - start) * (work_total > 0 ? work_done / work_total : 1.0);
+          bucket_bytes += static_cast<double>(layer.parameters) / tp * grad_per_param;
+          bucket_ready = std::max(bucket_ready, ready);
+          if (bucket_bytes >= cap) flush();
+        }
+      }
+      flush();
+      const double exposed = std::max(0.0, comm_free - sc.pipeline_end_s);
+      sc.sync_exposed_s = exposed + (1 - options.overlap) * (sc.sync_total_s - std::min(sc.sync_total_s, exposed));
+    }
+    // (3) the optimizer, on 1/dp of the parameters under ZeRO, then their all-gather.
+    sc.optimizer_s = optimizer_s;
+    if (layout.zero > 0 && dp > 1) {
+      sc.optimizer_s = optimizer_s / dp +
+                       0.5 * allreduce_time(profile, cluster, dp_members, params * profile.state.param);
+    }
+    sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s + sc.optimizer_s;
+    e.step_s = std::max(e.step_s, sc.end_s);
+
+    const double shard = (layout.zero > 0 && dp > 1) ? dp : 1;
+    sc.param_bytes = params * profile.state.param;
+    sc.grad_bytes = params * profile.state.grad / (layout.zero == 2 && dp > 1 ? dp : 1);
+    sc.optimizer_bytes = params * profile.state.optimizer / shard;
+    sc.activation_bytes = rep.peak_activation_bytes[s];
+    const double usable = sc.device_memory_bytes * (1 - options.memory_reserve);
+    if (e.fits && sc.memory_bytes() > usable) {
+      e.fits = false;
+      std::ostringstream why;
+      why << "stage " << s << " needs " << gib(sc.memory_bytes()) << " per device (parameters "
+          << gib(sc.param_bytes) << ", gradients " << gib(sc.grad_bytes) << ", optimizer "
+          << gib(sc.optimizer_bytes) << ", activations " << gib(sc.activation_bytes) << ") but has "
+          << gib(usable) << " usable";
+      e.reason = why.str();
+    }
+  }
+  e.bubble_fraction = bubble / p;
+  return e;
+}
+
+}  // namespace trireme::plan

@@ -1,0 +1,216 @@
+#include "trireme/plan/profile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+
+#include "trireme/common/error.h"
+#include "trireme/plan/json_reader.h"
+
+namespace trireme::plan {
+
+namespace {
+
+double work_of(const LayerTiming& row, Work work) {
+  switch (work) {
+    case Work::kForward: return row.forward_s;
+    case Work::kBackwardInput: return row.backward_input_s;
+    case Work::kBackwardWeight: return row.backward_weight_s;
+  }
+  return 0;
+}
+
+// Linear in b through two rows (or through the origin and one row).
+template <typename Value>
+double interpolate(const std::vector<LayerTiming>& rows, double b, Value value) {
+  TRIREME_CHECK(!rows.empty(), "a profiled layer has no timing rows");
+  if (rows.size() == 1) return value(rows[0]) * b / static_cast<double>(rows[0].micro_batch);
+  size_t hi = 1;
+  while (hi + 1 < rows.size() && static_cast<double>(rows[hi].micro_batch) < b) ++hi;
+  const LayerTiming& a = rows[hi - 1];
+  const LayerTiming& c = rows[hi];
+  const double slope =
+      (value(c) - value(a)) / static_cast<double>(c.micro_batch - a.micro_batch);
+  return std::max(0.0, value(a) + slope * (b - static_cast<double>(a.micro_batch)));
+}
+
+nlohmann::ordered_json link_json(const Link& link) {
+  return {{"latency_s", link.latency_s}, {"bandwidth_Bps", link.bandwidth_Bps}};
+}
+
+Link read_link(const Field& f) {
+  f.only({"latency_s", "bandwidth_Bps", "world"});
+  return Link{f.at("latency_s").non_negative(), f.at("bandwidth_Bps").positive()};
+}
+
+}  // namespace
+
+double layer_time(const LayerProfile& layer, Work work, double micro_batch) {
+  return interpolate(layer.timings, micro_batch,
+                     [work](const LayerTiming& row) { return work_of(row, work); });
+}
+
+double layer_activation_bytes(const LayerProfile& layer, double micro_batch) {
+  return interpolate(layer.timings, micro_batch, [](const LayerTiming& row) {
+    return static_cast<double>(row.activation_bytes);
+  });
+}
+
+double layer_output_bytes(const LayerProfile& layer, double micro_batch) {
+  return interpolate(layer.timings, micro_batch,
+                     [](const LayerTiming& row) { return static_cast<double>(row.output_bytes); });
+}
+
+std::string to_json(const Profile& p) {
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const LayerProfile& layer : p.layers) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (const LayerTiming& t : layer.timings)
+      rows.push_back({{"micro_batch", t.micro_batch},
+                      {"forward_s", t.forward_s},
+                      {"backward_input_s", t.backward_input_s},
+                      {"backward_weight_s", t.backward_weight_s},
+                      {"activation_bytes", t.activation_bytes},
+                      {"output_bytes", t.output_bytes}});
+    layers.push_back({{"name", layer.name},
+                      {"parameters", layer.parameters},
+                      {"optimizer_s", layer.optimizer_s},
+                      {"timings", rows}});
+  }
+  nlohmann::ordered_json allreduce = link_json(p.allreduce);
+  allreduce["world"] = p.allreduce_world;
+  const nlohmann::ordered_json out = {
+      {"format", p.format},
+      {"source", p.source},
+      {"device", p.device},
+      {"reference_tflops", p.reference_tflops},
+      {"threads", p.threads},
+      {"model",
+       {{"vocab", p.model.vocab},
+        {"seq_len", p.model.seq_len},
+        {"layers", p.model.layers},
+        {"dim", p.model.dim},
+        {"heads", p.model.heads},
+        {"mlp_ratio", p.model.mlp_ratio}}},
+      {"state_bytes",
+       {{"param", p.state.param}, {"grad", p.state.grad}, {"optimizer", p.state.optimizer}}},
+      {"p2p", link_json(p.p2p)},
+      {"allreduce", allreduce},
+      {"repeats", p.repeats},
+      {"layers", layers}};
+  return out.dump(1) + "\n";
+}
+
+Profile parse_profile(const std::string& text, const std::string& origin) {
+  const nlohmann::json doc = Field::parse(text, origin);
+  const Field root(doc, "", origin);
+  root.only({"format", "source", "device", "reference_tflops", "threads", "model", "state_bytes",
+             "p2p", "allreduce", "repeats", "layers"});
+  Profile p;
+  p.format = static_cast<int>(root.at("format").integer(1));
+  if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
+                                            "; this trireme reads format 1: re-run trireme profile");
+  p.source = root.str_or("source", p.source);
+  p.device = root.str_or("device", p.device);
+  p.reference_tflops = root.at("reference_tflops").positive();
+  p.threads = static_cast<int>(root.integer_or("threads", 1, 1));
+  const Field model = root.at("model");
+  model.only({"vocab", "seq_len", "layers", "dim", "heads", "mlp_ratio"});
+  p.model.vocab = model.at("vocab").integer(1);
+  p.model.seq_len = model.at("seq_len").integer(1);
+  p.model.layers = model.at("layers").integer(1);
+  p.model.dim = model.at("dim").integer(1);
+  p.model.heads = model.at("heads").integer(1);
+  p.model.mlp_ratio = model.integer_or("mlp_ratio", 1, 4);
+  if (root.has("state_bytes")) {
+    const Field s = root.at("state_bytes");
+    s.only({"param", "grad", "optimizer"});
+    p.state = StateBytes{s.at("param").positive(), s.at("grad").positive(),
+                         s.at("optimizer").non_negative()};
+  }
+  p.p2p = read_link(root.at("p2p"));
+  p.allreduce = read_link(root.at("allreduce"));
+  p.allreduce_world = static_cast<int>(root.at("allreduce").integer_or("world", 2, 2));
+  p.repeats = static_cast<int>(root.integer_or("repeats", 0, 0));
+  for (const Field& lf : root.at("layers").items()) {
+    lf.only({"name", "parameters", "optimizer_s", "timings"});
+    LayerProfile layer;
+    layer.name = lf.at("name").str();
+    layer.parameters = lf.at("parameters").integer(0);
+    layer.optimizer_s = lf.non_negative_or("optimizer_s", 0);
+    for (const Field& tf : lf.at("timings").items()) {
+      tf.only({"micro_batch", "forward_s", "backward_input_s", "backward_weight_s",
+               "activation_bytes", "output_bytes"});
+      LayerTiming t;
+      t.micro_batch = tf.at("micro_batch").integer(1);
+      if (!layer.timings.empty() && t.micro_batch <= layer.timings.back().micro_batch)
+        tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
+      t.forward_s = tf.at("forward_s").non_negative();
+      t.backward_input_s = tf.at("backward_input_s").non_negative();
+      t.backward_weight_s = tf.at("backward_weight_s").non_negative();
+      t.activation_bytes = tf.at("activation_bytes").integer(0);
+      t.output_bytes = tf.at("output_bytes").integer(0);
+      layer.timings.push_back(t);
+    }
+    if (layer.timings.empty()) lf.at("timings").fail("is empty; a layer needs at least one row");
+    p.layers.push_back(std::move(layer));
+  }
+  const int64_t expected = p.model.layers + 2;
+  if (static_cast<int64_t>(p.layers.size()) != expected)
+    root.at("layers").fail("has " + std::to_string(p.layers.size()) + " entries but model.layers " +
+                           std::to_string(p.model.layers) + " needs " + std::to_string(expected) +
+                           " (embeddings, the blocks, head)");
+  return p;
+}
+
+Profile read_profile(const std::string& path) {
+  return parse_profile(read_text_file(path), path);
+}
+
+Profile analytic_profile(const models::GptConfig& m, const std::string& device, double tflops,
+                         double utilisation) {
+  TRIREME_CHECK(tflops > 0 && utilisation > 0 && utilisation <= 1,
+                "an analytic profile needs tflops > 0 and 0 < utilisation <= 1");
+  Profile p;
+  p.source = "analytic: model FLOPs at " + std::to_string(static_cast<int>(utilisation * 100)) +
+             "% of " + device + " peak";
+  p.device = device;
+  p.reference_tflops = tflops;
+  p.model = m;
+  p.state = StateBytes{2, 2, 12};
+  // Links come from the cluster file for analytic studies; these are placeholders that the
+  // cluster's figures replace (a 100 Gb/s network).
+  p.p2p = Link{10e-6, 12.5e9};
+  p.allreduce = Link{20e-6, 12.5e9};
+  p.repeats = 0;
+  const double flops_per_s = tflops * 1e12 * utilisation;
+  const double T = static_cast<double>(m.seq_len), C = static_cast<double>(m.dim);
+  const double V = static_cast<double>(m.vocab), R = static_cast<double>(m.mlp_ratio);
+  const double H = static_cast<double>(m.heads);
+  const double matmul = (8 + 4 * R) * T * C * C;  // per sequence: qkv, proj, fc, proj2
+  const double attention = 4 * T * T * C;          // QK^T and AV
+  auto row = [&](double f, double b, double w, double act, double out) {
+    LayerTiming t;
+    t.micro_batch = 1;
+    t.forward_s = f / flops_per_s;
+    t.backward_input_s = b / flops_per_s;
+    t.backward_weight_s = w / flops_per_s;
+    t.activation_bytes = static_cast<int64_t>(act);
+    t.output_bytes = static_cast<int64_t>(out);
+    return t;
+  };
+  const double hidden_bytes = 2 * T * C;  // one (T,C) activation in 16-bit
+  p.layers.push_back({"embeddings", static_cast<int64_t>(V * C + T * C), 0,
+                      {row(0, 0, 0, 0, hidden_bytes)}});
+  for (int64_t l = 0; l < m.layers; ++l)
+    p.layers.push_back({"h." + std::to_string(l),
+                        static_cast<int64_t>((4 + 2 * R) * C * C + (9 + R) * C), 0,
+                        {row(matmul + attention, matmul + 2 * attention, matmul,
+                             T * C * (34 + 5 * H * T / C), hidden_bytes)}});
+  p.layers.push_back({"head", static_cast<int64_t>(C * V + 2 * C), 0,
+                      {row(2 * T * C * V, 2 * T * C * V, 2 * T * C * V, T * V * 6, 0)}});
+  return p;
+}
+
+}  // namespace trireme::plan

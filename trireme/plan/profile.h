@@ -1,0 +1,105 @@
+// A model's measured (or computed) costs: what the cost model scales to each device.
+//
+// `trireme profile gpt ... --out profile.json` writes one; `trireme plan` reads it. For
+// paper-scale studies `analytic_profile` derives one from the model's FLOPs instead (stated
+// as such in `source`).
+//
+// Terms:
+//   layer          one entry of the model's pipeline layer list ("embeddings", "h.0", ...,
+//                  "head"); contiguous layers make a pipeline stage
+//   micro batch    sequences per forward pass (b); each timing row is for one b
+//   F / B / W      forward; backward for the input gradient; backward for the weight
+//                  gradient. A full backward costs B + W
+//   activation     bytes a layer keeps alive from its forward until its backward (for one
+//                  micro-batch of size b); the pipeline's peak memory multiplies these by
+//                  the micro-batches a schedule keeps live
+//   link           a point-to-point or all-reduce cost under the alpha-beta model:
+//                  time(n bytes) = latency + n / bandwidth; all-reduce bandwidth is the
+//                  "bus" bandwidth, so a ring over w ranks takes
+//                  latency + 2 (w-1)/w * n / bandwidth
+//
+// Times are seconds on the profiling device (`device`, one thread per rank on CPU);
+// `reference_tflops` is that device's throughput in the same unit the cluster file uses,
+// so a device of throughput X runs a layer in time * reference_tflops / X.
+// Pure: no libtorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trireme/models/gpt_config.h"
+
+namespace trireme::plan {
+
+struct LayerTiming {
+  int64_t micro_batch = 1;        // b, sequences
+  double forward_s = 0;           // F, median
+  double backward_input_s = 0;    // B, median
+  double backward_weight_s = 0;   // W, median
+  int64_t activation_bytes = 0;   // kept for backward, one micro-batch of b sequences
+  int64_t output_bytes = 0;       // the layer's output (what a stage boundary sends)
+};
+
+struct LayerProfile {
+  std::string name;                  // "embeddings", "h.0", ..., "head"
+  int64_t parameters = 0;            // elements (at tp 1)
+  double optimizer_s = 0;            // optimizer step over this layer's parameters, median
+  std::vector<LayerTiming> timings;  // ascending micro_batch, at least one row
+};
+
+struct Link {
+  double latency_s = 0;        // alpha
+  double bandwidth_Bps = 0;    // 1 / beta, bytes per second
+  double time(double bytes) const { return latency_s + bytes / bandwidth_Bps; }
+};
+
+// Bytes of state per parameter element: fp32 training keeps 4 + 4 + 8 (AdamW's two
+// moments); mixed precision 2 + 2 + 12 (fp32 master copy and moments).
+struct StateBytes {
+  double param = 4;
+  double grad = 4;
+  double optimizer = 8;
+};
+
+struct Profile {
+  int format = 1;
+  std::string source = "measured";  // "measured" or "analytic: ..." (how it was made)
+  std::string device = "cpu";       // what ran it, e.g. "cpu (1 thread per rank)", "A100"
+  double reference_tflops = 1;      // the profiling device's throughput (see above)
+  int threads = 1;                  // intra-op threads per rank while profiling
+  models::GptConfig model;
+  StateBytes state;
+  Link p2p;        // one point-to-point send/recv pair, measured between two ranks
+  Link allreduce;  // bus bandwidth, measured at `allreduce_world` ranks
+  int allreduce_world = 2;
+  int repeats = 0;                   // measurements per median
+  std::vector<LayerProfile> layers;  // the pipeline layer list, in order
+};
+
+// Which part of a layer's work.
+enum class Work { kForward, kBackwardInput, kBackwardWeight };
+
+// Time of `work` for micro-batch size b: linear interpolation between the measured rows,
+// linear extrapolation beyond them (through the origin when there is a single row).
+double layer_time(const LayerProfile& layer, Work work, double micro_batch);
+// Activation (or output) bytes for micro-batch b: proportional to b, from the nearest row.
+double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
+double layer_output_bytes(const LayerProfile& layer, double micro_batch);
+
+// JSON (see docs/design-notes.md "Planner"). parse_profile throws InvalidArgument naming
+// the JSON path of the bad field, e.g. "profile.json: layers[3].timings[0].forward_s must
+// be a positive number (got -1)". `origin` names the file in messages.
+std::string to_json(const Profile& profile);
+Profile parse_profile(const std::string& text, const std::string& origin);
+Profile read_profile(const std::string& path);
+
+// A profile computed from FLOPs, for models too big to run here: per block and sequence of
+// T tokens, forward 24*T*C^2 + 4*T^2*C FLOPs (matmuls and attention), B and W each the
+// same again; embeddings and head from their matmuls; activations after Megatron's
+// estimate T*C*(34 + 5*H*T/C) bytes per block in 16-bit precision; times at `tflops`
+// achieved (peak times model FLOPs utilisation). Mixed-precision state bytes.
+Profile analytic_profile(const models::GptConfig& model, const std::string& device,
+                         double tflops, double utilisation);
+
+}  // namespace trireme::plan

@@ -1,0 +1,346 @@
+#include "trireme/plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include "trireme/common/error.h"
+
+namespace trireme::plan {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// Every non-empty subset of the groups (all of them only, when not aware).
+std::vector<std::vector<int>> group_subsets(const Cluster& cluster, bool aware) {
+  const int g = static_cast<int>(cluster.groups.size());
+  std::vector<std::vector<int>> out;
+  if (!aware || g > 8) {
+    std::vector<int> all(g);
+    std::iota(all.begin(), all.end(), 0);
+    return {all};
+  }
+  for (int mask = 1; mask < (1 << g); ++mask) {
+    std::vector<int> s;
+    for (int i = 0; i < g; ++i)
+      if (mask & (1 << i)) s.push_back(i);
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct Schedule {
+  pipeline::ScheduleKind kind;
+  int chunks;
+};
+
+std::vector<Schedule> schedules_for(int pp, int layers, const SearchOptions& o) {
+  using pipeline::ScheduleKind;
+  if (pp == 1) return {{ScheduleKind::kOneFOneB, 1}};
+  std::vector<Schedule> out = {{ScheduleKind::kGPipe, 1}, {ScheduleKind::kOneFOneB, 1}, {ScheduleKind::kZbH1, 1}};
+  for (int v = 2; v <= o.max_chunks && pp * v <= layers; ++v) out.push_back({ScheduleKind::kInterleaved, v});
+  return out;
+}
+
+// Why `c` lost to `best`: the cost component that grew most.
+std::string why_lost(const Candidate& c, const Candidate& best) {
+  const Estimate& a = c.estimate;
+  const Estimate& b = best.estimate;
+  std::ostringstream out;
+  out.precision(3);
+  out << "+" << (a.step_s / b.step_s - 1) * 100 << "%: ";
+  auto worst = [](const Estimate& e, auto field) {
+    double m = 0;
+    for (const StageCost& s : e.stages) m = std::max(m, field(s));
+    return m;
+  };
+  const double d_compute = worst(a, [](const StageCost& s) { return s.compute_s; }) -
+                           worst(b, [](const StageCost& s) { return s.compute_s; });
+  const double d_bubble = (a.makespan_s - worst(a, [](const StageCost& s) { return s.compute_s; })) -
+                          (b.makespan_s - worst(b, [](const StageCost& s) { return s.compute_s; }));
+  const double d_sync = worst(a, [](const StageCost& s) { return s.sync_exposed_s; }) -
+                        worst(b, [](const StageCost& s) { return s.sync_exposed_s; });
+  const double d_opt = worst(a, [](const StageCost& s) { return s.optimizer_s; }) -
+                       worst(b, [](const StageCost& s) { return s.optimizer_s; });
+  const double biggest = std::max({d_compute, d_bubble, d_sync, d_opt});
+  if (biggest <= 0) out << "slower overall";
+  else if (biggest == d_compute) out << "busiest stage computes longer (" << a.stages.size() << " stages, tp " << c.layout.tp << ")";
+  else if (biggest == d_bubble) out << "more pipeline bubble (" << a.bubble_fraction * 100 << "% idle)";
+  else if (biggest == d_sync) out << "more exposed gradient sync";
+  else out << "longer optimizer step / ZeRO all-gather";
+  return out.str();
+}
+
+// Places the ranks: stages of group order[k] contiguous, inside a group in rank order
+// (tp fastest, then dp), filling machines in turn.
+std::vector<DeviceSlot> place_by_groups(const Cluster& cluster, const std::vector<int>& order,
+                                        int dp, int tp, std::vector<int>* stage_group) {
+  std::vector<DeviceSlot> ranks;
+  for (int g : order) {
+    const MachineGroup& group = cluster.groups[g];
+    const int stages = group.devices() / (dp * tp);
+    for (int k = 0; k < stages; ++k) {
+      stage_group->push_back(g);
+      for (int i = 0; i < dp * tp; ++i) {
+        const int index = k * dp * tp + i;
+        ranks.push_back({g, index / group.devices_per_machine, index % group.devices_per_machine});
+      }
+    }
+  }
+  return ranks;
+}
+
+// Rank r on the r-th device of the cluster file.
+std::vector<DeviceSlot> place_in_file_order(const Cluster& cluster) {
+  std::vector<DeviceSlot> ranks;
+  for (int g = 0; g < static_cast<int>(cluster.groups.size()); ++g)
+    for (int i = 0; i < cluster.groups[g].devices(); ++i)
+      ranks.push_back({g, i / cluster.groups[g].devices_per_machine, i % cluster.groups[g].devices_per_machine});
+  return ranks;
+}
+
+}  // namespace
+
+std::vector<pipeline::LayerRange> balance_for_speeds(const std::vector<double>& costs,
+                                                     const std::vector<double>& speeds) {
+  const int n = static_cast<int>(costs.size());
+  const int parts = static_cast<int>(speeds.size());
+  TRIREME_CHECK(parts >= 1 && n >= parts, "cannot split ", n, " layers into ", parts, " parts");
+  std::vector<double> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  // best[k][i]: the smallest possible slowest-part time for the first i layers in k parts.
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(parts + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int>> cut(parts + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= parts; ++k)
+    for (int i = k; i <= n - (parts - k); ++i)
+      for (int j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] >= inf) continue;
+        const double t = std::max(best[k - 1][j], (prefix[i] - prefix[j]) / speeds[k - 1]);
+        if (t < best[k][i] * (1 - 1e-12)) {  // strictly better: the earliest cut wins ties
+          best[k][i] = t;
+          cut[k][i] = j;
+        }
+      }
+  std::vector<pipeline::LayerRange> out(parts);
+  int end = n;
+  for (int k = parts; k >= 1; --k) {
+    out[k - 1] = {cut[k][end], end};
+    end = cut[k][end];
+  }
+  return out;
+}
+
+std::string family(const Layout& l) {
+  std::ostringstream out;
+  out << "dp " << l.dp << " x tp " << l.tp << " x pp " << l.pp;
+  if (l.pp > 1) {
+    out << ", " << pipeline::schedule_name(l.schedule);
+    if (l.chunks > 1) out << " v" << l.chunks;
+  }
+  out << ", zero " << l.zero;
+  return out.str();
+}
+
+std::string describe(const Layout& l) {
+  std::ostringstream out;
+  out << family(l) << ", m " << l.micro_batches << " x b " << l.micro_batch_size;
+  if (l.pp > 1) out << ", split " << pipeline::format_split(l.split);
+  return out.str();
+}
+
+SearchResult search(const Profile& profile, const Cluster& cluster, const SearchOptions& o) {
+  const auto started = std::chrono::steady_clock::now();
+  TRIREME_CHECK(o.global_batch >= 1, "--global-batch must be at least 1");
+  const int layers = static_cast<int>(profile.layers.size());
+  SearchResult result;
+  std::map<std::string, Candidate> best_of_family;
+  std::map<std::string, std::pair<double, std::string>> unfit;  // family -> (memory, reason)
+  double best_step = 1e300;
+
+  auto consider = [&](Layout layout, const std::vector<std::string>& group_names) {
+    // Lower bound: the work spread evenly over the stages at the fastest device.
+    double work = 0, fastest = 0;
+    for (const DeviceSlot& d : layout.ranks) fastest = std::max(fastest, cluster.groups[d.group].speed(profile));
+    for (const LayerProfile& layer : profile.layers)
+      work += layer_time(layer, Work::kForward, layout.micro_batch_size) +
+              layer_time(layer, Work::kBackwardInput, layout.micro_batch_size) +
+              layer_time(layer, Work::kBackwardWeight, layout.micro_batch_size);
+    const double bound = work * layout.micro_batches / (layout.pp * layout.tp * fastest);
+    if (bound > o.prune_factor * best_step) {
+      ++result.pruned;
+      return;
+    }
+    Candidate c{std::move(layout), {}, group_names};
+    c.estimate = estimate(profile, cluster, c.layout, o.cost);
+    ++result.evaluated;
+    const std::string key = family(c.layout);
+    if (!c.estimate.fits) {
+      const double mem = c.estimate.peak_memory_bytes();
+      auto it = unfit.find(key);
+      if (it == unfit.end() || mem < it->second.first) unfit[key] = {mem, c.estimate.reason};
+      return;
+    }
+    best_step = std::min(best_step, c.estimate.step_s);
+    auto it = best_of_family.find(key);
+    if (it == best_of_family.end() || c.estimate.step_s < it->second.estimate.step_s) best_of_family[key] = c;
+  };
+
+  for (const std::vector<int>& subset : group_subsets(cluster, o.aware)) {
+    int common = 0;
+    for (int g : subset) common = std::gcd(common, cluster.groups[g].devices());
+    std::vector<std::vector<int>> orders;
+    std::vector<int> order = subset;
+    if (o.aware) {
+      do orders.push_back(order);
+      while (std::next_permutation(order.begin(), order.end()));
+    } else {
+      orders.push_back(order);
+    }
+    int total = 0;
+    for (int g : subset) total += cluster.groups[g].devices();
+    for (int64_t d : o.aware ? divisors(common) : std::vector<int64_t>{}) {
+      for (int64_t tp : divisors(d)) {
+        bool tp_ok = profile.model.heads % tp == 0 && profile.model.vocab % tp == 0;
+        for (int g : subset) tp_ok = tp_ok && cluster.groups[g].devices_per_machine % tp == 0;
+        if (!tp_ok) continue;
+        const int dp = static_cast<int>(d / tp);
+        const int pp = total / static_cast<int>(d);
+        if (pp > layers || o.global_batch % dp != 0) continue;
+        const int64_t per_replica = o.global_batch / dp;
+        for (const std::vector<int>& ord : orders) {
+          std::vector<int> stage_group;
+          const std::vector<DeviceSlot> ranks = place_by_groups(cluster, ord, dp, static_cast<int>(tp), &stage_group);
+          std::vector<std::string> names;
+          for (int g : ord) names.push_back(cluster.groups[g].name);
+          for (const Schedule& sched : schedules_for(pp, layers, o)) {
+            for (int64_t m : divisors(per_replica)) {
+              if (m > o.max_micro_batches) break;
+              Layout l;
+              l.dp = dp;
+              l.tp = static_cast<int>(tp);
+              l.pp = pp;
+              l.schedule = sched.kind;
+              l.chunks = sched.chunks;
+              l.micro_batches = static_cast<int>(m);
+              l.micro_batch_size = static_cast<int>(per_replica / m);
+              l.ranks = ranks;
+              if (pp > 1) {
+                try {
+                  pipeline::validate({l.schedule, pp, l.micro_batches, l.chunks});
+                } catch (const InvalidArgument&) {
+                  continue;  // e.g. interleaved with m not a multiple of pp
+                }
+              }
+              std::vector<double> costs;
+              for (const LayerProfile& layer : profile.layers)
+                costs.push_back(layer_time(layer, Work::kForward, l.micro_batch_size) +
+                                layer_time(layer, Work::kBackwardInput, l.micro_batch_size) +
+                                layer_time(layer, Work::kBackwardWeight, l.micro_batch_size));
+              std::vector<double> speeds;
+              for (int c = 0; c < l.chunks; ++c)
+                for (int s = 0; s < pp; ++s) speeds.push_back(cluster.groups[stage_group[s]].speed(profile));
+              l.split = balance_for_speeds(costs, speeds);
+              for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
+                l.zero = zero;
+                consider(l, names);
+              }
+            }
+          }
+        }
+      }
+    }
+    if (!o.aware) {
+      // Symmetric: rank r on the r-th device, pp over the file order, layers split evenly.
+      const std::vector<DeviceSlot> ranks = place_in_file_order(cluster);
+      for (int64_t pp : divisors(total)) {
+        if (pp > layers) continue;
+        for (int64_t tp : divisors(total / pp)) {
+          bool tp_ok = profile.model.heads % tp == 0 && profile.model.vocab % tp == 0;
+          for (const MachineGroup& g : cluster.groups) tp_ok = tp_ok && g.devices_per_machine % tp == 0;
+          const int dp = static_cast<int>(total / pp / tp);
+          if (!tp_ok || o.global_batch % dp != 0) continue;
+          for (const Schedule& sched : schedules_for(static_cast<int>(pp), layers, o))
+            for (int64_t m : divisors(o.global_batch / dp)) {
+              if (m > o.max_micro_batches) break;
+              Layout l;
+              l.dp = dp;
+              l.tp = static_cast<int>(tp);
+              l.pp = static_cast<int>(pp);
+              l.schedule = sched.kind;
+              l.chunks = sched.chunks;
+              l.micro_batches = static_cast<int>(m);
+              l.micro_batch_size = static_cast<int>(o.global_batch / dp / m);
+              l.ranks = ranks;
+              if (pp > 1) {
+                try {
+                  pipeline::validate({l.schedule, l.pp, l.micro_batches, l.chunks});
+                } catch (const InvalidArgument&) {
+                  continue;
+                }
+              }
+              l.split = pipeline::balance_partition(std::vector<double>(layers, 1.0), l.pp * l.chunks);
+              for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
+                l.zero = zero;
+                std::vector<std::string> names;
+                for (const MachineGroup& g : cluster.groups) names.push_back(g.name);
+                consider(l, names);
+              }
+            }
+        }
+      }
+    }
+  }
+  result.search_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (const auto& [key, value] : unfit)
+    if (!best_of_family.count(key)) result.rejected.emplace_back(key, value.second);
+  if (best_of_family.empty()) {
+    std::string closest = "no layout was considered (check the global batch and the cluster)";
+    double smallest = 1e300;
+    for (const auto& [key, value] : unfit)
+      if (value.first < smallest) {
+        smallest = value.first;
+        closest = key + ": " + value.second;
+      }
+    TRIREME_THROW(InvalidArgument, "no layout fits this cluster; the closest, ", closest,
+                  "; use more or larger devices, or a smaller model or batch");
+  }
+  std::vector<Candidate> ranked;
+  for (auto& [key, c] : best_of_family) ranked.push_back(c);
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Candidate& a, const Candidate& b) {
+    return a.estimate.step_s < b.estimate.step_s;
+  });
+  result.best = ranked.front();
+  for (size_t i = 1; i < ranked.size() && static_cast<int>(i) <= o.runners_up; ++i)
+    result.runners_up.emplace_back(ranked[i], why_lost(ranked[i], result.best));
+  return result;
+}
+
+std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& cluster,
+                                     const SearchOptions& options, int max_machines) {
+  TRIREME_CHECK(cluster.groups.size() == 1, "spot replay plans a one-group cluster; ", cluster.name,
+                " has ", cluster.groups.size(), " groups");
+  std::vector<Candidate> out(max_machines + 1);
+  for (int n = 1; n <= max_machines; ++n) {
+    Cluster shrunk = cluster;
+    shrunk.groups[0].machines = n;
+    try {
+      out[n] = search(profile, shrunk, options).best;
+    } catch (const InvalidArgument&) {
+      out[n] = Candidate{};  // nothing fits on n machines: step_s stays 0
+    }
+  }
+  return out;
+}
+
+}  // namespace trireme::plan

@@ -1,0 +1,84 @@
+// The layout search: every layout `trireme train` can run on (a subset of) the cluster,
+// estimated with the cost model, the fastest that fits chosen. Pure: no libtorch.
+//
+// What is searched:
+//   groups        which groups of the cluster to use (all, or leave slow ones out)
+//   dp, tp, pp    tp inside a machine of equal devices (tp divides devices_per_machine,
+//                 heads and vocab); a pipeline stage runs on one group: with d = dp*tp
+//                 dividing every used group's device count, group g holds devices_g / d
+//                 stages, so pp = sum of devices_g / d
+//   stage order   which group holds the first stages, the next ones, ... (each group's
+//                 stages contiguous: every permutation of the used groups)
+//   schedule      gpipe, 1f1b, interleaved (v = 2..max_chunks), zb-h1 when pp > 1
+//   m, b          micro-batches per replica and their size, m*b = global_batch/dp
+//   zero          0, 1, 2 when dp > 1
+//   layer split   contiguous, balanced for time on each stage's device speed (a slower
+//                 stage gets fewer layers): min-max partition, one split for every replica
+// Not searched, because the runtime cannot run it yet (so it is never emitted): different
+// batch sizes per replica, different splits per replica, a stage spread over two groups.
+//
+// Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
+// fastest device) is already slower than `prune_factor` x the best found is not replayed.
+//
+// Heterogeneity-unaware baseline (`aware = false`, what Megatron-style symmetric planning
+// does): devices are taken in the cluster file's order (rank r on the r-th device), every
+// group is used, layers are split evenly by count; the best such layout is still chosen by
+// the cost model on the real cluster, so the baseline is the best symmetric layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trireme/plan/cost_model.h"
+
+namespace trireme::plan {
+
+struct SearchOptions {
+  int64_t global_batch = 16;
+  bool aware = true;
+  int max_chunks = 4;
+  int64_t max_micro_batches = 256;
+  int runners_up = 5;
+  double prune_factor = 1.5;
+  CostOptions cost;
+};
+
+struct Candidate {
+  Layout layout;
+  Estimate estimate;
+  std::vector<std::string> groups;  // names of the groups used, in stage order
+};
+
+struct SearchResult {
+  Candidate best;
+  // The fastest layout of each other (dp, tp, pp, schedule, zero) family, fastest first,
+  // each with why it lost to the best.
+  std::vector<std::pair<Candidate, std::string>> runners_up;
+  // Families that never fit, with the reason of their smallest-memory member.
+  std::vector<std::pair<std::string, std::string>> rejected;
+  int64_t evaluated = 0;  // layouts estimated
+  int64_t pruned = 0;     // layouts skipped by the lower bound
+  double search_s = 0;
+};
+
+// Throws InvalidArgument when nothing fits, naming the closest layout and why.
+SearchResult search(const Profile& profile, const Cluster& cluster, const SearchOptions& options);
+
+// "dp 2 x tp 1 x pp 2, 1f1b, m 4 x b 2, zero 0, split 0:3,3:6"
+std::string describe(const Layout& layout);
+// "dp 2 x tp 1 x pp 2, 1f1b, zero 0": the family a runner-up stands for.
+std::string family(const Layout& layout);
+
+// Contiguous split of the layers into speeds.size() parts, part i running at speeds[i]:
+// minimises the slowest part's time, sum of costs / speed. Deterministic like
+// pipeline::balance_partition (which is the case of equal speeds).
+std::vector<pipeline::LayerRange> balance_for_speeds(const std::vector<double>& costs,
+                                                     const std::vector<double>& speeds);
+
+// The best layout for a given number of machines of a one-group cluster (for spot replay:
+// the cluster shrunk to `machines` machines); {} when nothing fits.
+std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& cluster,
+                                     const SearchOptions& options, int max_machines);
+
+}  // namespace trireme::plan
