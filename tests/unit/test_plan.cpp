@@ -8,6 +8,7 @@
 #include "trireme/common/error.h"
 #include "trireme/plan/cluster.h"
 #include "trireme/plan/cost_model.h"
+#include "trireme/plan/plan.h"
 #include "trireme/plan/profile.h"
 #include "trireme/plan/search.h"
 
@@ -263,6 +264,63 @@ TEST(PlanSearch, ThousandDevicesArePlannedInSeconds) {
   EXPECT_TRUE(r.best.estimate.fits);
   EXPECT_LT(r.search_s, 60.0) << "search took " << r.search_s << " s";  // generous: a loaded CI machine
   RecordProperty("search_s", std::to_string(r.search_s));
+}
+
+TEST(PlanFile, RoundTripCarriesTheLayoutAndTheEmulatedSlowdown) {
+  Profile p = uniform_profile(6);
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": 1},
+      {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 16, "machines": 1}]})", "c");
+  SearchOptions o;
+  o.global_batch = 8;
+  const SearchResult r = search(p, c, o);
+  const Plan plan = parse_plan(to_json(make_plan(p, c, r.best)), "plan.json");
+  EXPECT_EQ(plan.world(), 2);
+  EXPECT_EQ(plan.pp, r.best.layout.pp);
+  EXPECT_EQ(plan.pp_split, pipeline::format_split(r.best.layout.split));
+  EXPECT_EQ(plan.global_batch, 8);
+  EXPECT_DOUBLE_EQ(plan.predicted_step_s, r.best.estimate.step_s);
+  const std::string flag = slowdown_flag(plan);
+  const int slow_rank = plan.ranks[0].group == "slow" ? 0 : 1;
+  EXPECT_EQ(flag, std::to_string(slow_rank) + ":2");
+  EXPECT_DOUBLE_EQ(slowdown_of(flag, slow_rank), 2.0);
+  EXPECT_DOUBLE_EQ(slowdown_of(flag, 1 - slow_rank), 1.0);
+  EXPECT_THROW(slowdown_of("1:0.5", 1), InvalidArgument);
+  EXPECT_THROW(slowdown_of("one:2", 1), InvalidArgument);
+}
+
+TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
+  Profile p = uniform_profile(2);
+  const Cluster c = local_cluster(2);
+  Candidate chosen;
+  chosen.layout.dp = 2;
+  chosen.layout.micro_batch_size = 4;
+  chosen.layout.split = {{0, 4}};
+  chosen.layout.ranks = {{0, 0, 0}, {0, 0, 1}};
+  chosen.estimate = estimate(p, c, chosen.layout);
+  const std::string good = to_json(make_plan(p, c, chosen));
+  auto error_of = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    try {
+      parse_plan(text, "plan.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of("\"tp\": 1", "\"tp\": 2").find("plan.json: ranks lists 2 ranks but dp x tp x pp = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"dp\": 2", "\"dp\": 3").find("global_batch is 8 but dp x micro_batches x micro_batch_size = 12"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"micro_batch_size\": 4", "\"micro_batch_size\": 5").find("plan.json: global_batch is 8"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"zero\": 0", "\"zero\": 7").find("plan.json: layout.zero must be 0, 1 or 2"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"pp\": 1", "\"pp\": 1, \"schedule\": \"1f1b\"").find("layout.schedule is given but pp is 1"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -31,6 +31,19 @@ int store_main(const std::vector<std::string>& args);
 // The per-rank body of `trireme train gpt`, run inside a launched worker.
 int train_worker_main(const std::vector<std::string>& args);
 
+// trireme profile gpt [model flags] --out profile.json: launches local ranks (re-executing
+// this binary as `trireme __profile-worker gpt ...`) that measure layers, links and the
+// device for the planner; profile_worker_main is the per-rank body.
+int profile_main(const std::vector<std::string>& args);
+int profile_worker_main(const std::vector<std::string>& args);
+
+// trireme plan --profile P (--cluster C | --local N) [--global-batch B] [--out plan.json]:
+// chooses the layout (or, with --evaluate, predicts a given one) and writes the plan.
+int plan_main(const std::vector<std::string>& args);
+
+// trireme simulate --plan P --cluster C --profile F [--trace T]: spot preemption replay.
+int simulate_main(const std::vector<std::string>& args);
+
 // Absolute path of the running `trireme` binary (for re-executing itself as a worker).
 std::string self_executable();
 

@@ -37,6 +37,9 @@ constexpr const char* kUsage =
     "  schedule  print and draw a pipeline schedule: trireme schedule --schedule zb-h1\n"
     "  report  draw a run's pipeline and measure its bubble: trireme report runs/mine\n"
     "  checkpoint  verify and describe a checkpoint: trireme checkpoint inspect runs/mine/checkpoints\n"
+    "  profile  measure a model's layers and this machine's links for the planner: trireme profile gpt --out profile.json\n"
+    "  plan    choose the layout for a cluster from a profile: trireme plan --profile profile.json --local 2\n"
+    "  simulate  replay spot preemptions for a plan: goodput and cost per policy\n"
     "  store   a rendezvous store of its own, so that any machine may be lost: trireme store --port 29500\n"
     "run 'trireme <command> --help' for its flags\n";
 
@@ -66,6 +69,10 @@ int main(int argc, char** argv) {
     if (command == "checkpoint") return trireme::cli::checkpoint_main(args);
     if (command == "store") return trireme::cli::store_main(args);
     if (command == "__train-worker") return trireme::cli::train_worker_main(args);
+    if (command == "plan") return trireme::cli::plan_main(args);
+    if (command == "simulate") return trireme::cli::simulate_main(args);
+    if (command == "profile") return trireme::cli::profile_main(args);
+    if (command == "__profile-worker") return trireme::cli::profile_worker_main(args);
     std::fprintf(stderr, "trireme: unknown command '%s'; run 'trireme --help' for the commands\n",
                  command.c_str());
     return 2;

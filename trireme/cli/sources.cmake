@@ -9,6 +9,10 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/store.cpp
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
+  trireme/cli/plan.cpp
+  trireme/cli/profile.cpp
+  trireme/cli/profile_source.cpp
+  trireme/cli/simulate.cpp
   trireme/cli/train_data_parallel.cpp
   trireme/cli/train_engine.cpp
   trireme/cli/train_gpt.cpp

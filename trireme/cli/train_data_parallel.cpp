@@ -12,7 +12,8 @@ class DataParallelEngine final : public TrainEngine {
   DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
       : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         model_(opt.model, static_cast<uint64_t>(opt.seed), tp_),
-        leader_(groups.rank == 0) {
+        leader_(groups.rank == 0),
+        slowdown_(opt, groups.rank) {
     model_->to(device);
     ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"),
                                                     data_parallel_options(opt));
@@ -33,14 +34,17 @@ class DataParallelEngine final : public TrainEngine {
       const double f0 = obs::now_us();
       at::Tensor loss = model_->loss(micro_batches[k].inputs, micro_batches[k].targets) / static_cast<double>(m);
       const double f1 = obs::now_us();
+      slowdown_.after((f1 - f0) * 1e-6);
+      const double f2 = obs::now_us();
       loss.backward();
+      slowdown_.after((obs::now_us() - f2) * 1e-6);
       const double b1 = obs::now_us();
       local_loss += loss.detach().to(at::kDouble);
-      times->forward_us += f1 - f0;
-      times->backward_us += b1 - f1;
+      times->forward_us += f2 - f0;  // both with any emulated slowdown
+      times->backward_us += b1 - f2;
       if (trace.timeline) {
-        trace.timeline->add({"forward", "compute", obs::Lane::kCompute, trace.clock->wall(f0), f1 - f0, ""});
-        trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f1), b1 - f1, ""});
+        trace.timeline->add({"forward", "compute", obs::Lane::kCompute, trace.clock->wall(f0), f2 - f0, ""});
+        trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f2), b1 - f2, ""});
       }
     }
     return tp_.rank == 0 ? local_loss.item<double>() : 0.0;
@@ -72,6 +76,7 @@ class DataParallelEngine final : public TrainEngine {
   tensor::TensorParallel tp_;
   models::Gpt model_;
   bool leader_;
+  EmulatedSlowdown slowdown_;
   std::unique_ptr<parallel::DataParallel> ddp_;
 };
 

@@ -1,7 +1,20 @@
 // Helpers the engines of `trireme train gpt` share; see cli/train_engine.h.
 #include "trireme/cli/train_engine.h"
 
+#include <chrono>
+#include <thread>
+
+#include "trireme/plan/plan.h"
+
 namespace trireme::cli {
+
+EmulatedSlowdown::EmulatedSlowdown(const TrainOptions& options, int rank)
+    : factor_(plan::slowdown_of(options.emulate_slowdown, rank)) {}
+
+void EmulatedSlowdown::after(double seconds) const {
+  if (factor_ > 1 && seconds > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>((factor_ - 1) * seconds));
+}
 
 tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed) {
   tensor::TensorParallel tp;

@@ -102,6 +102,20 @@ std::vector<std::pair<std::string, at::Tensor>> gather_parameters(
     const std::vector<std::pair<std::string, at::Tensor>>& named,
     const std::map<std::string, tensor::ShardSpec>& specs, const tensor::TensorParallel& tp, bool keep);
 
+// --emulate-slowdown: a rank with factor f waits (f - 1) x the time each piece of its
+// compute took, so it keeps pace with a device f times slower. Emulation of a
+// heterogeneous cluster on this machine's CPU ranks (the waiting rank leaves its core to
+// the others, as a slower accelerator would not load the host either).
+class EmulatedSlowdown {
+ public:
+  EmulatedSlowdown(const TrainOptions& options, int rank);
+  double factor() const { return factor_; }
+  void after(double seconds) const;
+
+ private:
+  double factor_ = 1;
+};
+
 // DataParallel's options from --bucket-mb and --first-bucket-mb.
 parallel::DataParallelOptions data_parallel_options(const TrainOptions& options);
 

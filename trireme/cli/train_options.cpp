@@ -5,6 +5,7 @@
 #include "trireme/optim/lr_schedule.h"
 #include "trireme/parallel/pipeline/partition.h"
 #include "trireme/parallel/pipeline/schedule.h"
+#include "trireme/plan/plan.h"
 
 namespace trireme::cli {
 
@@ -53,6 +54,10 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("snapshot-overhead", &o->snapshot_overhead,
         "target stall of snapshots as a fraction of step time; above it the interval doubles (0: fixed)");
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
+  p.add("plan", &o->plan,
+        "run a plan written by trireme plan: its layout, global batch and model shape (and its emulated slow ranks)");
+  p.add("emulate-slowdown", &o->emulate_slowdown,
+        "RANK:FACTOR,...: slow those ranks' compute by FACTOR (emulates slower devices on this machine)");
   p.add_switch("quiet", &o->quiet, "no progress line and no sample");
 }
 
@@ -82,9 +87,35 @@ void validate_pipeline_options(TrainOptions* o) {
   if (!o->pp_split.empty()) pipeline::parse_split(o->pp_split, static_cast<int>(layers), static_cast<int>(parts));
 }
 
+// --plan: the plan's layout replaces the layout flags (idempotent: every rank applies it).
+void apply_plan(TrainOptions* o) {
+  if (o->plan.empty()) return;
+  const plan::Plan p = plan::read_plan(o->plan);
+  o->model.vocab = p.model.vocab;
+  o->model.seq_len = p.model.seq_len;
+  o->model.layers = p.model.layers;
+  o->model.dim = p.model.dim;
+  o->model.heads = p.model.heads;
+  o->model.mlp_ratio = p.model.mlp_ratio;
+  o->batch = p.global_batch;
+  o->dp = p.dp;
+  o->tp = p.tp;
+  o->pp = p.pp;
+  o->schedule = p.schedule;
+  o->chunks = p.chunks;
+  o->micro_batches = p.micro_batches;
+  o->zero = p.zero;
+  o->pp_split = p.pp_split;
+  o->mesh_order = "tp-dp-pp";  // the plan's rank numbering
+  if (o->emulate_slowdown.empty()) o->emulate_slowdown = plan::slowdown_flag(p);
+  o->predicted_step_s = p.predicted_step_s;
+}
+
 }  // namespace
 
 void validate_train_options(TrainOptions* o, int world_size) {
+  apply_plan(o);
+  plan::slowdown_of(o->emulate_slowdown, 0);  // throws naming a malformed --emulate-slowdown
   o->model.validate();
   TRIREME_CHECK(o->device == "cpu" || o->device == "cuda", "--device ", o->device,
                 " is not known; use cpu or cuda");

@@ -46,6 +46,9 @@ struct TrainOptions {
   int64_t snapshot_every = -1;   // in-memory snapshot every N steps; -1: 1 when restarts are allowed
   double snapshot_overhead = 0.03;  // double the interval while snapshots stall more than this
   std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
+  std::string plan;            // a plan from `trireme plan`: sets the layout, batch and model
+  std::string emulate_slowdown;  // "RANK:FACTOR,...": compute of those ranks slowed (emulation)
+  double predicted_step_s = 0;   // from --plan: printed next to the measured step time
   bool quiet = false;
 };
 

@@ -40,7 +40,8 @@ class PipelineEngine final : public TrainEngine {
         stage_(groups.coord("pp")),
         first_replica_(groups.coord("dp") == 0),
         tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
-        pp_group_(groups.axis("pp")) {
+        pp_group_(groups.axis("pp")),
+        slowdown_(opt, groups.rank) {
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
     std::vector<pipeline::LayerRange> ranges;
     {
@@ -89,6 +90,8 @@ class PipelineEngine final : public TrainEngine {
     pipeline::StageCallbacks callbacks;
     callbacks.reduce_gradients = [this] { ddp_->synchronize(); };
     callbacks.weight_grad_accumulated = [this](const at::Tensor& p) { ddp_->gradient_accumulated(p); };
+    if (slowdown_.factor() > 1)
+      callbacks.computed = [this](const pipeline::Instruction&, double seconds) { slowdown_.after(seconds); };
     executor_->set_recording(trace.timeline != nullptr);
     const double stage_loss = executor_->run(inputs, callbacks);
     const double loss = tp_.rank == 0 ? stage_loss : 0.0;  // every tensor-parallel rank has it
@@ -154,6 +157,7 @@ class PipelineEngine final : public TrainEngine {
   std::map<std::string, tensor::ShardSpec> specs_;
   dist::Group pp_group_;
   std::string split_text_;
+  EmulatedSlowdown slowdown_;
   std::shared_ptr<pipeline::StageModule> stage_module_;
   std::unique_ptr<pipeline::StageExecutor> executor_;
   std::unique_ptr<parallel::DataParallel> ddp_;

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -338,6 +339,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
   double elapsed_s = 0;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
+  std::vector<double> step_seconds;  // the leader's, for the plan's prediction
   // An elastic job's worker takes SIGTERM (its agent's preemption notice, or a restart)
   // as: finish this step, commit its snapshot, exit; so that no finished step is lost.
   // (A worker whose collective fails because a peer went away commits its pending
@@ -428,6 +430,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {
+      step_seconds.push_back(times.step_us / 1e6);
       loss_curve.x.push_back(static_cast<double>(step + 1));
       loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
@@ -489,6 +492,15 @@ int train_worker_main(const std::vector<std::string>& args) {
       std::fprintf(stderr, "gpt: memory per rank%s\n",
                    opt.zero ? (" (ZeRO-" + std::to_string(opt.zero) + ")").c_str() : "");
       for (const auto& line : memory_lines) std::fprintf(stderr, "  %s\n", line.c_str());
+    }
+    if (opt.predicted_step_s > 0 && step_seconds.size() > 3) {
+      // The first steps warm up allocators and caches; the plan predicts the steady state.
+      std::vector<double> steady(step_seconds.begin() + 3, step_seconds.end());
+      std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
+      const double measured = steady[steady.size() / 2];
+      std::fprintf(stderr, "gpt: step time measured %.1f ms (median of steps 4..%zu), plan %s predicted %.1f ms (%+.1f%%)\n",
+                   measured * 1e3, step_seconds.size(), opt.plan.c_str(), opt.predicted_step_s * 1e3,
+                   (opt.predicted_step_s / measured - 1) * 100);
     }
     std::fprintf(stderr,
                  "gpt: wrote %s/metrics.jsonl, trace.json (open in ui.perfetto.dev), timeline.svg, "

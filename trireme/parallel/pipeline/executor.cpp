@@ -165,6 +165,7 @@ void StageExecutor::timed_execute(const Instruction& instruction,
   const double start = obs::now_us();
   if (recording_) stats_.executed.push_back({instruction, start, start});
   execute(instruction, micro_batches, callbacks, loss_sum);
+  if (callbacks.computed && is_compute(instruction)) callbacks.computed(instruction, (obs::now_us() - start) * 1e-6);
   // A send's end is its completion, filled in when it is retired.
   if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
       !std::holds_alternative<SendGradient>(instruction))

@@ -62,6 +62,9 @@ struct StageCallbacks {
   // After a W instruction accumulated into a parameter's gradient outside autograd
   // (e.g. DataParallel::gradient_accumulated).
   std::function<void(const at::Tensor&)> weight_grad_accumulated;
+  // After each F, B or W instruction, with the seconds it took (e.g. to emulate a slower
+  // device by waiting in proportion).
+  std::function<void(const Instruction&, double seconds)> computed;
 };
 
 struct ExecutedInstruction {

@@ -1,0 +1,117 @@
+"""The planner end to end with real processes: a profile measured by `trireme profile`,
+a plan chosen by `trireme plan` and run by `trireme train --plan` at world size 2 (its
+measured step time printed next to the prediction), a plan for an emulated slow rank,
+`trireme simulate` on a synthetic spot trace (and on a recorded one when ../shared/traces
+is present), and bad cluster files and plans refused with the field at fault."""
+import json
+import os
+import unittest
+
+from common import SOURCE, run, temp_dir
+
+MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16"]
+
+
+class PlanTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = temp_dir()
+        cls.profile = os.path.join(cls.dir, "profile.json")
+        run(["profile", "gpt", *MODEL, "--micro-batch-sizes", "1,2,4,8", "--repeats", "2", "--out", cls.profile])
+
+    def write(self, name, value):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(value if isinstance(value, str) else json.dumps(value))
+        return path
+
+    def test_plan_round_trip_runs_and_prints_measured_next_to_predicted(self):
+        plan = os.path.join(self.dir, "plan.json")
+        out = run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--out", plan]).stdout
+        self.assertIn("chosen: ", out)
+        self.assertIn("runners-up", out)
+        with open(plan) as f:
+            written = json.load(f)
+        layout = written["layout"]
+        self.assertEqual(layout["dp"] * layout["tp"] * layout["pp"], 2)
+        self.assertGreater(written["predicted"]["step_s"], 0)
+        run_dir = os.path.join(self.dir, "run")
+        proc = run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--steps", "8", "--out", run_dir,
+                    "--quiet", "--trace-steps", "0"])
+        line = next((l for l in proc.stderr.splitlines() if "step time measured" in l), None)
+        self.assertIsNotNone(line, proc.stderr)
+        print(line)
+        self.assertIn(f"predicted {written['predicted']['step_s'] * 1e3:.1f} ms", line)
+        with open(os.path.join(run_dir, "run.json")) as f:
+            ran = json.load(f)
+        self.assertIn(f"dp {layout['dp']}", json.dumps(ran).replace('"dp": ', "dp "))
+
+    def test_pipeline_plan_with_an_emulated_slow_rank(self):
+        cluster = self.write("slow.json", {"groups": [
+            {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 4, "machines": 1},
+            {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 4, "machines": 1}]})
+        plan = os.path.join(self.dir, "slow-plan.json")
+        run(["plan", "--profile", self.profile, "--cluster", cluster, "--global-batch", "8", "--evaluate",
+             "--pp", "2", "--schedule", "zb-h1", "--micro-batches", "4", "--out", plan])
+        with open(plan) as f:
+            written = json.load(f)
+        self.assertEqual([r["emulated_slowdown"] for r in written["ranks"]], [1, 2])
+        self.assertEqual(written["layout"]["schedule"], "zb-h1")
+        run_dir = os.path.join(self.dir, "slow-run")
+        proc = run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--steps", "6", "--out", run_dir,
+                    "--quiet", "--trace-steps", "0"])
+        self.assertIn("step time measured", proc.stderr)
+        # A world size other than the plan's is refused before anything starts.
+        bad = run(["train", "gpt", "--nproc-per-node", "1", "--plan", plan, "--steps", "2", "--out", run_dir],
+                  check=False)
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertIn("but the job has 1 processes", bad.stderr)
+
+    def test_bad_cluster_and_bad_plan_name_the_field(self):
+        cluster = self.write("bad-cluster.json", {"groups": [
+            {"device": "A100", "machines": 2, "devices_per_machine": 8, "inter_bandwidth_gbps": -5}]})
+        proc = run(["plan", "--profile", self.profile, "--cluster", cluster], check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("groups[0].inter_bandwidth_gbps must be a positive number (got -5)", proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+        unknown = self.write("unknown.json", {"groups": [{"device": "Z9000", "machines": 1}]})
+        proc = run(["plan", "--profile", self.profile, "--cluster", unknown], check=False)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("groups[0].device 'Z9000' is not in the device catalog", proc.stderr)
+        plan = os.path.join(self.dir, "for-bad.json")
+        run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--out", plan])
+        with open(plan) as f:
+            text = json.load(f)
+        text["layout"]["micro_batches"] = 0
+        bad = self.write("bad-plan.json", text)
+        proc = run(["train", "gpt", "--nproc-per-node", "2", "--plan", bad, "--out", os.path.join(self.dir, "x")],
+                   check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("bad-plan.json: layout.micro_batches must be an integer >= 1 (got 0)", proc.stderr)
+
+    def test_simulate_reports_each_policy(self):
+        cluster = self.write("spot.json", {"groups": [
+            {"name": "spot", "device": "V100", "machines": 8, "devices_per_machine": 1, "inter_bandwidth_gbps": 25,
+             "price_per_hour": 0.9, "spot": True, "preemptions_per_hour": 0.2}]})
+        model = ["--analytic", "V100", "--layers", "8", "--dim", "1024", "--heads", "16", "--seq", "1024",
+                 "--vocab", "50304"]
+        plan = os.path.join(self.dir, "spot-plan.json")
+        run(["plan", *model, "--cluster", cluster, "--global-batch", "64", "--out", plan])
+        svg = os.path.join(self.dir, "spot.svg")
+        out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--hours", "6", "--out", svg]).stdout
+        rows = {line.split()[0]: line.split() for line in out.splitlines()
+                if line.split() and line.split()[0] in ("disk-restart", "memory", "memory-replan")}
+        self.assertEqual(set(rows), {"disk-restart", "memory", "memory-replan"}, out)
+        goodput = {k: float(v[1]) for k, v in rows.items()}
+        self.assertGreater(goodput["memory"], goodput["disk-restart"], out)
+        self.assertTrue(os.path.getsize(svg) > 0)
+        trace = os.path.join(os.environ.get("TRIREME_TRACES", os.path.join(SOURCE, "..", "shared", "traces")),
+                             "bamboo", "aws-2021-12", "p3-trace.csv")
+        if not os.path.exists(trace):
+            self.skipTest("no recorded traces beside the repository")
+        out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--trace", trace]).stdout
+        self.assertIn("p3-trace.csv, 11.37 h", out)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,199 @@
+// `trireme plan`: chooses the layout for a cluster from a profile and writes it as a plan
+// for `trireme train --plan`; with --evaluate it predicts one given layout instead.
+//   trireme plan --profile profile.json --cluster cluster.json --global-batch 64 --out plan.json
+//   trireme plan --profile profile.json --local 2 --evaluate --pp 2 --schedule zb-h1 --micro-batches 4
+#include <algorithm>
+#include <cstdio>
+
+#include "trireme/cli/commands.h"
+#include "trireme/cli/flags.h"
+#include "trireme/cli/profile_source.h"
+#include "trireme/common/error.h"
+#include "trireme/obs/plot.h"
+#include "trireme/plan/plan.h"
+#include "trireme/plan/search.h"
+
+namespace trireme::cli {
+namespace {
+
+struct PlanFlags {
+  ProfileSource source;
+  std::string cluster, out;
+  int local = 0;
+  int64_t global_batch = 16;
+  int runners_up = 5;
+  bool symmetric = false;
+  double overlap = -1;
+  // --evaluate: this layout instead of a search (placement: rank r on the r-th device).
+  bool evaluate = false;
+  int dp = 0, tp = 1, pp = 1, chunks = 1, zero = 0;
+  int64_t micro_batches = 1;
+  std::string schedule, pp_split;
+  bool compare_symmetric = false;
+};
+
+std::string ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), seconds < 0.01 ? "%.2f ms" : "%.1f ms", seconds * 1e3);
+  return text;
+}
+
+std::string mib(double bytes) {
+  char text[32];
+  const double m = bytes / (1024.0 * 1024.0);
+  std::snprintf(text, sizeof(text), m < 10240 ? "%.1f MiB" : "%.1f GiB", m < 10240 ? m : m / 1024);
+  return text;
+}
+
+plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile, const plan::Cluster& cluster) {
+  plan::Layout l;
+  const int world = cluster.devices();
+  l.tp = f.tp;
+  l.pp = f.pp;
+  TRIREME_CHECK(l.tp >= 1 && l.pp >= 1, "--tp and --pp must be at least 1");
+  l.dp = f.dp > 0 ? f.dp : world / (l.tp * l.pp);
+  TRIREME_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ", l.pp,
+                " does not make the cluster's ", world, " devices; choose sizes whose product is ", world);
+  l.chunks = f.chunks;
+  l.zero = f.zero;
+  l.micro_batches = static_cast<int>(f.micro_batches);
+  TRIREME_CHECK(f.global_batch % (int64_t{l.dp} * l.micro_batches) == 0, "--global-batch ", f.global_batch,
+                " is not divisible by dp x --micro-batches = ", l.dp * l.micro_batches);
+  l.micro_batch_size = static_cast<int>(f.global_batch / (l.dp * l.micro_batches));
+  if (l.pp > 1) l.schedule = pipeline::parse_schedule(f.schedule.empty() ? "1f1b" : f.schedule);
+  const int layers = static_cast<int>(profile.layers.size());
+  if (!f.pp_split.empty()) {
+    l.split = pipeline::parse_split(f.pp_split, layers, l.pp * l.chunks);
+  } else {
+    std::vector<double> costs;
+    for (const plan::LayerProfile& layer : profile.layers)
+      costs.push_back(plan::layer_time(layer, plan::Work::kForward, l.micro_batch_size) +
+                      plan::layer_time(layer, plan::Work::kBackwardInput, l.micro_batch_size) +
+                      plan::layer_time(layer, plan::Work::kBackwardWeight, l.micro_batch_size));
+    l.split = pipeline::balance_partition(costs, l.pp * l.chunks);  // what train's --pp-balance time does
+  }
+  for (int g = 0; g < static_cast<int>(cluster.groups.size()); ++g)
+    for (int i = 0; i < cluster.groups[g].devices(); ++i)
+      l.ranks.push_back({g, i / cluster.groups[g].devices_per_machine, i % cluster.groups[g].devices_per_machine});
+  return l;
+}
+
+void print_candidate(const plan::Candidate& c, const plan::Cluster& cluster) {
+  const plan::Layout& l = c.layout;
+  const plan::Estimate& e = c.estimate;
+  std::printf("  predicted step %s (%.1f samples/s), pipeline %s, bubble %.0f%%, tp comm %s\n", ms(e.step_s).c_str(),
+              e.samples_per_s(l.global_batch()), ms(e.makespan_s).c_str(), e.bubble_fraction * 100,
+              ms(e.tp_comm_s).c_str());
+  std::printf("  %-5s %-12s %-16s %6s %10s %10s %10s %10s %12s\n", "stage", "group", "layers", "speed", "compute",
+              "grad sync", "exposed", "optimizer", "memory/dev");
+  for (int s = 0; s < l.pp; ++s) {
+    const plan::StageCost& sc = e.stages[s];
+    std::string layers;
+    for (int v = 0; v < l.chunks; ++v) {
+      const auto& r = l.split[v * l.pp + s];
+      layers += (v ? "," : "") + std::to_string(r.begin) + ":" + std::to_string(r.end);
+    }
+    const std::string group = cluster.groups[l.ranks[l.rank_of(s, 0, 0)].group].name;
+    std::printf("  %-5d %-12s %-16s %6.2f %10s %10s %10s %10s %12s\n", s, group.c_str(), layers.c_str(), sc.speed,
+                ms(sc.compute_s).c_str(), ms(sc.sync_total_s).c_str(), ms(sc.sync_exposed_s).c_str(),
+                ms(sc.optimizer_s).c_str(), mib(sc.memory_bytes()).c_str());
+  }
+}
+
+}  // namespace
+
+int plan_main(const std::vector<std::string>& args) {
+  PlanFlags f;
+  FlagParser parser("trireme plan");
+  add_profile_flags(parser, &f.source);
+  parser.add_switch("compare-symmetric", &f.compare_symmetric,
+                    "also plan as symmetric Megatron-style planning would and print the speed-up over it");
+  parser.add("cluster", &f.cluster, "cluster description (JSON; see docs/design-notes.md \"Planner\")");
+  parser.add("local", &f.local, "plan for N ranks of this machine instead of a cluster file");
+  parser.add("global-batch", &f.global_batch, "global batch in sequences");
+  parser.add("out", &f.out, "write the chosen plan here (run it: trireme train gpt --plan FILE)");
+  parser.add("runners-up", &f.runners_up, "how many other layouts to show");
+  parser.add_switch("symmetric", &f.symmetric,
+                    "plan as Megatron-style symmetric planning would: devices in file order, even split");
+  parser.add("overlap", &f.overlap,
+             "share of gradient sync hidden under compute (default: 1 on accelerators, 0.5 on CPU profiles)");
+  parser.add_switch("evaluate", &f.evaluate, "predict the layout given by the flags below instead of searching");
+  parser.add("dp", &f.dp, "with --evaluate: data-parallel size (default: the rest)");
+  parser.add("tp", &f.tp, "with --evaluate: tensor-parallel size");
+  parser.add("pp", &f.pp, "with --evaluate: pipeline stages");
+  parser.add("schedule", &f.schedule, "with --evaluate: gpipe, 1f1b, interleaved, zb-h1");
+  parser.add("chunks", &f.chunks, "with --evaluate: chunks per stage (interleaved)");
+  parser.add("micro-batches", &f.micro_batches, "with --evaluate: micro-batches per replica");
+  parser.add("zero", &f.zero, "with --evaluate: ZeRO stage");
+  parser.add("pp-split", &f.pp_split, "with --evaluate: layer split (default: balanced by profiled time)");
+  const auto rest = parser.parse(args);
+  if (parser.help_requested()) {
+    std::fputs("usage: trireme plan --profile profile.json (--cluster cluster.json | --local N)\n"
+               "                    [--global-batch B] [--out plan.json] [--evaluate LAYOUT FLAGS]\n",
+               stdout);
+    std::fputs(parser.usage().c_str(), stdout);
+    return 0;
+  }
+  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme plan'");
+  TRIREME_CHECK(f.cluster.empty() != (f.local == 0),
+                "give exactly one of --cluster FILE and --local N (N ranks of this machine)");
+  TRIREME_CHECK(f.runners_up >= 0, "--runners-up must be >= 0");
+  const plan::Profile profile = load_profile(f.source);
+  const plan::Cluster cluster = f.cluster.empty() ? plan::local_cluster(f.local) : plan::read_cluster(f.cluster);
+
+  plan::SearchOptions options;
+  options.global_batch = f.global_batch;
+  options.aware = !f.symmetric;
+  options.runners_up = f.runners_up;
+  options.cost = cost_options_for(profile);
+  if (f.overlap >= 0) options.cost.overlap = f.overlap;
+  TRIREME_CHECK(options.cost.overlap <= 1, "--overlap must be in [0, 1]");
+
+  std::printf("cluster '%s': %d devices in %zu group(s); profile: %s (%s)\n", cluster.name.c_str(),
+              cluster.devices(), cluster.groups.size(), profile.source.c_str(), profile.device.c_str());
+  plan::Candidate chosen;
+  if (f.evaluate) {
+    chosen.layout = layout_from_flags(f, profile, cluster);
+    chosen.estimate = plan::estimate(profile, cluster, chosen.layout, options.cost);
+    std::printf("layout: %s\n", plan::describe(chosen.layout).c_str());
+    print_candidate(chosen, cluster);
+    TRIREME_CHECK(chosen.estimate.fits, "this layout does not fit: ", chosen.estimate.reason);
+  } else {
+    const plan::SearchResult r = plan::search(profile, cluster, options);
+    chosen = r.best;
+    std::printf("searched %lld layouts (%lld more pruned by their lower bound) in %.3f s\n",
+                static_cast<long long>(r.evaluated), static_cast<long long>(r.pruned), r.search_s);
+    std::printf("chosen: %s\n", plan::describe(chosen.layout).c_str());
+    print_candidate(chosen, cluster);
+    if (!r.runners_up.empty()) {
+      std::printf("runners-up (the best of each other family):\n");
+      for (const auto& [c, why] : r.runners_up)
+        std::printf("  %10s  %-58s  %s\n", ms(c.estimate.step_s).c_str(), plan::describe(c.layout).c_str(),
+                    why.c_str());
+    }
+    if (f.compare_symmetric) {
+      plan::SearchOptions symmetric = options;
+      symmetric.aware = false;
+      const plan::SearchResult sym = plan::search(profile, cluster, symmetric);
+      std::printf("best symmetric layout (devices in file order, even split): %s\n",
+                  plan::describe(sym.best.layout).c_str());
+      std::printf("  predicted step %s; the chosen layout is %.2fx faster\n", ms(sym.best.estimate.step_s).c_str(),
+                  sym.best.estimate.step_s / chosen.estimate.step_s);
+    }
+    if (!r.rejected.empty()) {
+      std::printf("do not fit:\n");
+      for (size_t i = 0; i < r.rejected.size() && i < 5; ++i)
+        std::printf("  %-40s %s\n", r.rejected[i].first.c_str(), r.rejected[i].second.c_str());
+      if (r.rejected.size() > 5) std::printf("  ... and %zu more families\n", r.rejected.size() - 5);
+    }
+  }
+  if (!f.out.empty()) {
+    const plan::Plan p = plan::make_plan(profile, cluster, chosen);
+    obs::write_text_file(f.out, plan::to_json(p));
+    std::printf("wrote %s; run it: trireme train gpt --nproc-per-node %d --plan %s\n", f.out.c_str(),
+                p.world(), f.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace trireme::cli

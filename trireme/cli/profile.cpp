@@ -1,0 +1,330 @@
+// `trireme profile gpt [model flags] --out profile.json`: measures what the planner needs
+// (plan/profile.h) on this machine and writes it as JSON.
+//
+// The command checks its flags, then launches --nproc-per-node ranks (default 2) through
+// the launcher, each running `trireme __profile-worker gpt ARGS` with the same arguments.
+// Every rank measures, in step (a barrier before each measurement), so that all cores are
+// busy as in multi-rank training:
+//   1. a 512^3 fp32 matmul: the device's achieved throughput (reference_tflops)
+//   2. point-to-point (ranks 0 and 1) and all-reduce (all ranks) over message sizes from
+//      4 bytes to 16 MiB, fitted to latency + bytes / bandwidth
+//   3. every layer of the reference GPT at each micro-batch size: F, B, W, activation and
+//      output bytes, and an AdamW step over its parameters (plan/torch/profiler.h)
+// The layer figures and the matmul throughput written are the medians over the ranks of
+// each rank's medians (with 2 ranks: the mean of the two); the links are rank 0's
+// measurement. Rank 0 prints progress on stderr while it goes (a line per timing round and
+// per layer), a table on stdout at the end, and writes the file.
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "trireme/cli/commands.h"
+#include "trireme/cli/launch_flags.h"
+#include "trireme/common/error.h"
+#include "trireme/dist/world.h"
+#include "trireme/obs/clock.h"
+#include "trireme/obs/plot.h"
+#include "trireme/plan/profile.h"
+#include "trireme/plan/torch/profiler.h"
+
+namespace trireme::cli {
+namespace {
+
+constexpr const char* kProfileHelp =
+    "usage: trireme profile gpt [--vocab V --seq T --layers L --dim C --heads H --mlp-ratio R]\n"
+    "                           [--micro-batch-sizes 1,2,4,8 --repeats N --nproc-per-node P]\n"
+    "                           [--out profile.json]\n"
+    "Measures the reference GPT on this machine for the planner: per layer and micro-batch\n"
+    "size the forward (F), input-gradient (B) and weight-gradient (W) times, activation and\n"
+    "output bytes and an AdamW step; point-to-point and all-reduce latency and bandwidth\n"
+    "between P local ranks (one intra-op thread each); the achieved matmul throughput.\n"
+    "Writes the profile as JSON (read by trireme plan).\n";
+
+struct ProfileOptions {
+  models::GptConfig model;
+  std::string micro_batch_sizes = "1,2,4,8";
+  int repeats = 5;
+  std::string out = "profile.json";
+  std::vector<int64_t> micro_batches;  // parsed from micro_batch_sizes, ascending
+};
+
+// The model flags carry the names of `trireme train gpt`'s (cli/train_options.cpp), plus
+// --vocab and --mlp-ratio, which change the cost of a layer.
+void add_profile_command_flags(FlagParser& p, ProfileOptions* o) {
+  p.add("vocab", &o->model.vocab, "vocabulary size (256: the byte tokenizer)");
+  p.add("seq", &o->model.seq_len, "sequence length in tokens");
+  p.add("layers", &o->model.layers, "transformer blocks");
+  p.add("dim", &o->model.dim, "model width");
+  p.add("heads", &o->model.heads, "attention heads (must divide --dim)");
+  p.add("mlp-ratio", &o->model.mlp_ratio, "MLP hidden width as a multiple of --dim");
+  p.add("micro-batch-sizes", &o->micro_batch_sizes,
+        "micro-batch sizes (sequences) to time each layer at, comma-separated");
+  p.add("repeats", &o->repeats, "timed runs per median (after one warm-up)");
+  p.add("out", &o->out, "where to write the profile (JSON)");
+}
+
+std::vector<int64_t> parse_micro_batches(const std::string& text) {
+  const std::string hint =
+      "--micro-batch-sizes takes positive integers separated by commas (e.g. 1,2,4,8), got '" + text + "'";
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const bool digits = item.find_first_not_of("0123456789") == std::string::npos;
+    TRIREME_CHECK(!item.empty() && item.size() <= 6 && digits, hint);
+    const int64_t b = std::stoll(item);
+    TRIREME_CHECK(b >= 1, hint);
+    sizes.push_back(b);
+  }
+  TRIREME_CHECK(!sizes.empty() && text.back() != ',', hint);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+void finish_profile_options(ProfileOptions* o) {
+  o->model.validate();
+  o->micro_batches = parse_micro_batches(o->micro_batch_sizes);
+  TRIREME_CHECK(o->repeats >= 1 && o->repeats <= 1000, "--repeats must be in 1..1000, got ", o->repeats);
+  TRIREME_CHECK(!o->out.empty(), "--out needs a file name, e.g. --out profile.json");
+}
+
+// --out names a file in a directory that exists and is writable.
+void check_output_file(const std::string& out) {
+  namespace fs = std::filesystem;
+  TRIREME_CHECK(!fs::is_directory(out), "--out ", out, " is a directory; name a file, e.g. --out ", out,
+                "/profile.json");
+  const fs::path dir = fs::absolute(out).parent_path();
+  TRIREME_CHECK(fs::is_directory(dir), "--out ", out, ": directory ", dir.string(),
+                " does not exist; create it or choose another path");
+  TRIREME_CHECK(::access(dir.c_str(), W_OK) == 0, "--out ", out, ": directory ", dir.string(),
+                " is not writable; choose another path");
+}
+
+// Every figure that is combined across ranks, in a fixed order.
+std::vector<double> figures(const std::vector<plan::LayerProfile>& layers, double tflops) {
+  std::vector<double> v;
+  for (const auto& layer : layers) {
+    v.push_back(layer.optimizer_s);
+    for (const auto& t : layer.timings)
+      v.insert(v.end(), {t.forward_s, t.backward_input_s, t.backward_weight_s,
+                         static_cast<double>(t.activation_bytes), static_cast<double>(t.output_bytes)});
+  }
+  v.push_back(tflops);
+  return v;
+}
+
+std::string figures_text(const std::vector<double>& values) {
+  std::string text;
+  char buf[32];
+  for (const double x : values) {
+    std::snprintf(buf, sizeof(buf), "%.17g ", x);
+    text += buf;
+  }
+  return text;
+}
+
+// Replaces each figure of `layers` and *tflops by its median over the ranks' texts.
+void take_rank_medians(const std::vector<std::string>& texts, std::vector<plan::LayerProfile>* layers,
+                       double* tflops) {
+  const size_t count = figures(*layers, *tflops).size();
+  std::vector<std::vector<double>> per_figure(count);
+  for (const std::string& text : texts) {
+    std::istringstream in(text);
+    for (size_t i = 0; i < count; ++i) {
+      double x = 0;
+      TRIREME_ENFORCE_EQ(static_cast<bool>(in >> x), true, "(a rank sent fewer profile figures)");
+      per_figure[i].push_back(x);
+    }
+  }
+  std::vector<double> m;
+  for (auto& values : per_figure) m.push_back(plan::median(std::move(values)));
+  size_t at = 0;
+  for (auto& layer : *layers) {
+    layer.optimizer_s = m[at++];
+    for (auto& t : layer.timings) {
+      t.forward_s = m[at++];
+      t.backward_input_s = m[at++];
+      t.backward_weight_s = m[at++];
+      t.activation_bytes = std::llround(m[at++]);
+      t.output_bytes = std::llround(m[at++]);
+    }
+  }
+  *tflops = m[at];
+}
+
+std::string format(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), fmt, a, b, c, d);
+  return buf;
+}
+
+std::string link_line(const char* what, const plan::LinkMeasurement& m) {
+  return std::string(what) +
+         format(" latency %.1f us, bandwidth %.2f GB/s (fitted over %.0f sizes: ", m.link.latency_s * 1e6,
+                m.link.bandwidth_Bps / 1e9, static_cast<double>(m.bytes.size())) +
+         format("%.0f B in %.1f us ... %.1f MiB in %.2f ms)", m.bytes.front(), m.seconds.front() * 1e6,
+                m.bytes.back() / (1 << 20), m.seconds.back() * 1e3);
+}
+
+std::string timing_text(const plan::LayerTiming& t) {
+  return "b=" + std::to_string(t.micro_batch) +
+         format(" F %.3f B %.3f W %.3f ms", t.forward_s * 1e3, t.backward_input_s * 1e3,
+                t.backward_weight_s * 1e3);
+}
+
+std::string layer_line(const plan::LayerProfile& layer, size_t index, size_t count) {
+  std::string line = "[" + std::to_string(index) + "/" + std::to_string(count) + "] " + layer.name +
+                     format(": %.0f params, ", static_cast<double>(layer.parameters)) +
+                     timing_text(layer.timings.front());
+  if (layer.timings.size() > 1) line += ", " + timing_text(layer.timings.back());
+  line += format(", activations %.1f KiB at b=%.0f, AdamW %.3f ms",
+                 static_cast<double>(layer.timings.front().activation_bytes) / 1024,
+                 static_cast<double>(layer.timings.front().micro_batch), layer.optimizer_s * 1e3);
+  return line;
+}
+
+std::string summary_table(const plan::Profile& p) {
+  std::string text = "layer             b      F ms      B ms      W ms  activ. KiB  output KiB\n";
+  for (const auto& layer : p.layers)
+    for (const auto& t : layer.timings) {
+      char row[160];
+      std::snprintf(row, sizeof(row), "%-12s %6lld %9.3f %9.3f %9.3f %11.1f %11.1f\n", layer.name.c_str(),
+                    static_cast<long long>(t.micro_batch), t.forward_s * 1e3, t.backward_input_s * 1e3,
+                    t.backward_weight_s * 1e3, static_cast<double>(t.activation_bytes) / 1024,
+                    static_cast<double>(t.output_bytes) / 1024);
+      text += row;
+    }
+  return text;
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "this machine";
+  return name;
+}
+
+}  // namespace
+
+int profile_main(const std::vector<std::string>& args) {
+  ProfileOptions opt;
+  LaunchFlags launch_flags;
+  launch_flags.options.nproc_per_node = 2;  // communication needs two ranks
+  FlagParser parser("trireme profile");
+  add_launch_flags(parser, &launch_flags);
+  add_profile_command_flags(parser, &opt);
+  const auto positional = parser.parse(args);
+  if (parser.help_requested()) {
+    std::fputs(kProfileHelp, stdout);
+    std::fputs(parser.usage().c_str(), stdout);
+    return 0;
+  }
+  TRIREME_CHECK(!positional.empty(), "name the model to profile: trireme profile gpt ...");
+  TRIREME_CHECK(positional[0] == "gpt" && positional.size() == 1, "unknown model '", positional[0],
+                "' (or extra argument); the available model is: gpt");
+  finish_profile_options(&opt);
+  check_output_file(opt.out);
+
+  std::vector<std::string> command = {self_executable(), "__profile-worker"};
+  command.insert(command.end(), args.begin(), args.end());
+  // The workers write the file: give them the path as this process sees it.
+  command.insert(command.end(), {"--out", std::filesystem::absolute(opt.out).string()});
+  const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
+  TRIREME_CHECK(!launch::elastic(launch_options),
+                "--nnodes MIN:MAX: a profile needs a fixed set of ranks; give --nnodes N");
+  TRIREME_CHECK(launch_options.nproc_per_node * launch_options.nnodes >= 2, "--nproc-per-node ",
+                launch_options.nproc_per_node,
+                ": trireme profile measures communication between ranks and needs at least 2; use "
+                "--nproc-per-node 2 (the default)");
+
+  const launch::LaunchResult result = launch::launch(launch_options);
+  if (!result.failure.empty()) std::fprintf(stderr, "trireme profile: %s\n", result.failure.c_str());
+  return result.exit_code;
+}
+
+int profile_worker_main(const std::vector<std::string>& args) {
+  const double start_us = obs::now_us();
+  ProfileOptions opt;
+  FlagParser parser("trireme profile");
+  add_profile_command_flags(parser, &opt);
+  parser.parse(args, /*allow_unknown=*/true);  // the launcher's flags are in args too
+  finish_profile_options(&opt);
+
+  dist::World world = dist::World::from_env();
+  const int rank = world.rank();
+  const bool leader = rank == 0;
+  // One intra-op thread per rank unless the launcher says otherwise, as the trainer does.
+  const char* threads_env = std::getenv("OMP_NUM_THREADS");
+  at::set_num_threads(threads_env ? std::max(1, std::atoi(threads_env)) : 1);
+  const int threads = at::get_num_threads();
+  world.announce_role("profiler rank " + std::to_string(rank) + " of " + std::to_string(world.size()));
+  const dist::Group& group = world.group();
+  const auto in_step = [&] { dist::run_collective("profile barrier", [&] { return group->barrier(); }); };
+  const auto say = [&](const std::string& line) {
+    if (leader) std::fprintf(stderr, "profile: %s\n", line.c_str());
+  };
+
+  say("measuring on " + std::to_string(world.size()) + " ranks, " + std::to_string(threads) +
+      " thread(s) each, " + std::to_string(opt.repeats) + " repeats per median");
+  // A matmul takes milliseconds: many samples cost little and steady the median.
+  double tflops = plan::measure_matmul_tflops(std::max(10 * opt.repeats, 50), in_step);
+  say(format("fp32 matmul 512^3: %.1f GFLOP/s", tflops * 1e3));
+  const std::vector<int64_t> sizes = plan::message_sizes();
+  const plan::LinkMeasurement p2p = plan::measure_p2p(group, sizes, opt.repeats);
+  say(link_line("point-to-point", p2p));
+  const plan::LinkMeasurement allreduce = plan::measure_allreduce(group, sizes, opt.repeats);
+  say(link_line("all-reduce (bus)", allreduce));
+
+  plan::LayerMeasureOptions layer_options;
+  layer_options.model = opt.model;
+  layer_options.micro_batches = opt.micro_batches;
+  layer_options.repeats = opt.repeats;
+  layer_options.in_step = in_step;
+  const size_t layer_count = static_cast<size_t>(opt.model.layers) + 2;
+  size_t measured = 0;
+  layer_options.on_round = [&](int done, int rounds, double seconds) {
+    const int per_size = opt.repeats + 1;  // a warm-up round and the timed ones
+    if (done % per_size == 0)
+      say("layers timed at b=" + std::to_string(opt.micro_batches[done / per_size - 1]) +
+          format(" (%.0f of %.0f rounds, %.1f s)", done, rounds, seconds));
+  };
+  layer_options.on_layer = [&](const plan::LayerProfile& layer) {
+    say(layer_line(layer, ++measured, layer_count));
+  };
+  std::vector<plan::LayerProfile> layers = plan::measure_layers(layer_options);
+
+  const std::vector<std::string> texts =
+      world.gather_on_leader("profile-figures", figures_text(figures(layers, tflops)));
+  if (!leader) return 0;
+  take_rank_medians(texts, &layers, &tflops);
+
+  plan::Profile profile;
+  profile.source = "measured by trireme profile on " + hostname();
+  profile.device = "cpu, " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") + " per rank";
+  profile.reference_tflops = tflops;
+  profile.threads = threads;
+  profile.model = opt.model;
+  profile.state = plan::StateBytes{4, 4, 8};  // fp32 parameters and gradients, AdamW's two moments
+  profile.p2p = p2p.link;
+  profile.allreduce = allreduce.link;
+  profile.allreduce_world = world.size();
+  profile.repeats = opt.repeats;
+  profile.layers = std::move(layers);
+  obs::write_text_file(opt.out, plan::to_json(profile));
+
+  std::fputs(summary_table(profile).c_str(), stdout);
+  std::printf("%s\n%s\nreference throughput %.4f TFLOPS (fp32 matmul, %d thread(s))\n",
+              link_line("point-to-point", p2p).c_str(), link_line("all-reduce (bus)", allreduce).c_str(),
+              tflops, threads);
+  std::printf("profile: %s (%.1f s)\n", opt.out.c_str(), (obs::now_us() - start_us) / 1e6);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace trireme::cli

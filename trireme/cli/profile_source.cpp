@@ -1,0 +1,35 @@
+#include "trireme/cli/profile_source.h"
+
+#include "trireme/common/error.h"
+#include "trireme/plan/cluster.h"
+
+namespace trireme::cli {
+
+void add_profile_flags(FlagParser& p, ProfileSource* s) {
+  p.add("profile", &s->file, "profile.json from trireme profile (or --analytic)");
+  p.add("analytic", &s->analytic,
+        "instead of --profile: a profile computed from the model's FLOPs at a catalog device's peak (e.g. A100)");
+  p.add("utilisation", &s->utilisation, "with --analytic: achieved share of the device's peak FLOPs");
+  p.add("layers", &s->model.layers, "with --analytic: transformer blocks");
+  p.add("dim", &s->model.dim, "with --analytic: model width");
+  p.add("heads", &s->model.heads, "with --analytic: attention heads");
+  p.add("seq", &s->model.seq_len, "with --analytic: sequence length");
+  p.add("vocab", &s->model.vocab, "with --analytic: vocabulary size");
+}
+
+plan::Profile load_profile(const ProfileSource& s) {
+  TRIREME_CHECK(s.file.empty() != s.analytic.empty(),
+                "give one of --profile FILE (make one with trireme profile gpt --out profile.json) and --analytic DEVICE");
+  if (!s.file.empty()) return plan::read_profile(s.file);
+  s.model.validate();
+  return plan::analytic_profile(s.model, s.analytic, plan::find_device(s.analytic).tflops, s.utilisation);
+}
+
+plan::CostOptions cost_options_for(const plan::Profile& profile) {
+  plan::CostOptions o;
+  const bool measured_cpu = profile.source.rfind("analytic", 0) != 0 && profile.device.rfind("cpu", 0) == 0;
+  o.overlap = measured_cpu ? 0.5 : 1.0;
+  return o;
+}
+
+}  // namespace trireme::cli

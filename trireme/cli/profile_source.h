@@ -1,0 +1,31 @@
+// Where `trireme plan` and `trireme simulate` get a model's costs: a measured profile file
+// (`--profile profile.json` from `trireme profile`) or, for models too big to run here, a
+// profile computed from the model's FLOPs at a catalog device's peak (`--analytic A100
+// --utilisation 0.5 --layers 24 --dim 2048 ...`).
+#pragma once
+
+#include <string>
+
+#include "trireme/cli/flags.h"
+#include "trireme/plan/cost_model.h"
+#include "trireme/plan/profile.h"
+
+namespace trireme::cli {
+
+struct ProfileSource {
+  std::string file;
+  std::string analytic;  // a device of the catalog
+  double utilisation = 0.5;
+  models::GptConfig model;
+};
+
+void add_profile_flags(FlagParser& parser, ProfileSource* source);
+// Throws InvalidArgument unless exactly one of --profile and --analytic is given.
+plan::Profile load_profile(const ProfileSource& source);
+
+// The cost model's options for a profile: on a measured CPU profile about half of a
+// gradient bucket's time hides under compute (the Gloo thread shares the core; measured,
+// docs/benchmarks.md "Planner"); accelerators overlap it fully.
+plan::CostOptions cost_options_for(const plan::Profile& profile);
+
+}  // namespace trireme::cli

@@ -1,0 +1,187 @@
+// `trireme simulate`: replays spot availability (a recorded trace or a synthetic one from a
+// preemption rate) for a plan on a one-group spot cluster, under three recovery policies
+// (restart from a disk checkpoint, in-memory recovery, in-memory recovery re-planning at
+// each membership change), and reports goodput, cost per useful sample and the time lost.
+//   trireme simulate --plan plan.json --cluster spot.json --profile profile.json \
+//                    --trace ../shared/traces/bamboo/aws-2021-12/p3-trace.csv --out spot.svg
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "trireme/cli/commands.h"
+#include "trireme/cli/flags.h"
+#include "trireme/cli/profile_source.h"
+#include "trireme/common/error.h"
+#include "trireme/obs/plot.h"
+#include "trireme/plan/plan.h"
+#include "trireme/plan/search.h"
+#include "trireme/plan/simulate.h"
+#include "trireme/plan/trace.h"
+
+namespace trireme::cli {
+namespace {
+
+struct SimulateFlags {
+  ProfileSource source;
+  std::string plan, cluster, trace, trace_format = "auto", out;
+  double hours = 12;        // synthetic trace length
+  int64_t seed = 1;
+  double replacement_s = 600;  // synthetic: mean time until a preempted machine is replaced
+  double storage_gbps = 10;    // shared storage bandwidth (disk checkpoints), Gb/s per machine
+  plan::ReplayOptions replay;
+};
+
+// Samples/s with n machines when the plan's tp and pp stay and dp shrinks to what fits,
+// the global batch kept (per-replica batch grows; rounded down to whole sequences).
+std::vector<double> fixed_rates(const plan::Profile& profile, const plan::Cluster& cluster, const plan::Plan& p,
+                                const plan::CostOptions& cost, int max_machines) {
+  std::vector<double> rates(max_machines + 1, 0);
+  for (int n = 1; n <= max_machines; ++n) {
+    plan::Cluster shrunk = cluster;
+    shrunk.groups[0].machines = n;
+    const int dp = shrunk.devices() / (p.tp * p.pp);
+    if (dp < 1) continue;
+    plan::Layout l;
+    l.dp = dp;
+    l.tp = p.tp;
+    l.pp = p.pp;
+    l.chunks = p.chunks;
+    l.zero = dp > 1 ? p.zero : 0;
+    l.micro_batches = p.micro_batches;
+    l.micro_batch_size = static_cast<int>(std::max<int64_t>(1, p.global_batch / (int64_t{dp} * p.micro_batches)));
+    if (p.pp > 1) {
+      l.schedule = pipeline::parse_schedule(p.schedule);
+      l.split = pipeline::parse_split(p.pp_split, static_cast<int>(profile.layers.size()), p.pp * p.chunks);
+    } else {
+      l.split = {{0, static_cast<int>(profile.layers.size())}};
+    }
+    const plan::MachineGroup& g = shrunk.groups[0];
+    for (int r = 0; r < l.world(); ++r) l.ranks.push_back({0, r / g.devices_per_machine, r % g.devices_per_machine});
+    const plan::Estimate e = plan::estimate(profile, shrunk, l, cost);
+    if (e.fits) rates[n] = e.samples_per_s(l.global_batch());
+  }
+  return rates;
+}
+
+}  // namespace
+
+int simulate_main(const std::vector<std::string>& args) {
+  SimulateFlags f;
+  plan::ReplayOptions& r = f.replay;
+  r.checkpoint_every_s = 1800;
+  FlagParser parser("trireme simulate");
+  parser.add("plan", &f.plan, "the plan (from trireme plan) the job starts with (required)");
+  parser.add("cluster", &f.cluster, "the cluster: one spot group; its trace or preemptions_per_hour is used (required)");
+  add_profile_flags(parser, &f.source);
+  parser.add("trace", &f.trace, "availability trace (overrides the cluster's); see plan/trace.h for formats");
+  parser.add("trace-format", &f.trace_format, "auto, events, count, gcp, asg, step-seconds, step-hours, json-events");
+  parser.add("hours", &f.hours, "length of a synthetic trace (when no trace is given)");
+  parser.add("seed", &f.seed, "seed of a synthetic trace");
+  parser.add("replacement-s", &f.replacement_s, "synthetic trace: mean seconds until a lost machine is replaced");
+  parser.add("checkpoint-every-s", &r.checkpoint_every_s, "disk checkpoint interval, seconds of training");
+  parser.add("storage-gbps", &f.storage_gbps, "shared storage bandwidth per machine for disk checkpoints, Gb/s");
+  parser.add("detect-s", &r.detect_s, "seconds from a machine's loss until the job sees it (node timeout)");
+  parser.add("restart-s", &r.restart_s, "seconds to stop and restart every process of the job");
+  parser.add("replan-s", &r.replan_s, "seconds to re-plan and re-shard on a membership change (memory-replan)");
+  parser.add("parity-nodes", &r.parity_nodes, "machines the in-memory redundancy survives at once (m of K+M)");
+  parser.add("snapshot-overhead", &r.snapshot_overhead, "fraction of step time in-memory snapshots cost");
+  parser.add("out", &f.out, "draw live machines and useful samples over time (SVG)");
+  const auto rest = parser.parse(args);
+  if (parser.help_requested()) {
+    std::fputs(parser.usage().c_str(), stdout);
+    return 0;
+  }
+  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme simulate'");
+  TRIREME_CHECK(!f.plan.empty() && !f.cluster.empty(),
+                "--plan and --cluster are required (and the plan's --profile or --analytic source)");
+  TRIREME_CHECK(f.storage_gbps > 0 && f.hours > 0 && f.replacement_s > 0,
+                "--storage-gbps, --hours and --replacement-s must be positive");
+  const plan::Profile profile = load_profile(f.source);
+  const plan::Cluster cluster = plan::read_cluster(f.cluster);
+  const plan::Plan p = plan::read_plan(f.plan);
+  const models::GptConfig& a = p.model;
+  const models::GptConfig& b = profile.model;
+  TRIREME_CHECK(a.layers == b.layers && a.dim == b.dim && a.heads == b.heads && a.seq_len == b.seq_len &&
+                    a.vocab == b.vocab,
+                f.plan, " is for a model of ", a.layers, " layers, dim ", a.dim, ", but the profile is of ", b.layers,
+                " layers, dim ", b.dim, "; give the profile the plan was made from");
+  TRIREME_CHECK(cluster.groups.size() == 1, f.cluster, ": the replay needs a cluster of one group of spot machines (it has ",
+                cluster.groups.size(), ")");
+  const plan::MachineGroup& g = cluster.groups[0];
+  plan::Availability trace;
+  const std::string trace_path = !f.trace.empty() ? f.trace : g.trace;
+  if (!trace_path.empty()) {
+    trace = plan::read_trace(trace_path, f.trace_format);
+  } else {
+    TRIREME_CHECK(g.preemptions_per_hour > 0, f.cluster,
+                  ": groups[0] has neither a trace nor preemptions_per_hour; give one (or --trace)");
+    trace = plan::synthetic_trace(g.machines, g.preemptions_per_hour, f.replacement_s, f.hours * 3600,
+                                  static_cast<uint64_t>(f.seed));
+  }
+  const int max_machines = std::max(trace.peak(), 1);
+
+  plan::SearchOptions options;
+  options.global_batch = p.global_batch;
+  options.runners_up = 0;
+  options.cost = cost_options_for(profile);
+  std::fprintf(stderr, "trireme simulate: planning every size from 1 to %d machines\n", max_machines);
+  r.fixed_samples_per_s = fixed_rates(profile, cluster, p, options.cost, max_machines);
+  r.replanned_samples_per_s.assign(max_machines + 1, 0);
+  const std::vector<plan::Candidate> best = plan::best_per_size(profile, cluster, options, max_machines);
+  for (int n = 1; n <= max_machines; ++n)
+    r.replanned_samples_per_s[n] = best[n].estimate.step_s > 0 ? best[n].estimate.samples_per_s(p.global_batch) : 0;
+  r.min_nodes = 1;
+  while (r.min_nodes <= max_machines && r.fixed_samples_per_s[r.min_nodes] == 0) ++r.min_nodes;
+  r.price_per_node_hour = g.price_per_hour;
+  r.step_s = p.predicted_step_s > 0 ? p.predicted_step_s : 1;
+  // The state to load: every device's parameters and optimizer state (mixed precision or
+  // fp32, as the profile says), read from shared storage or rebuilt from peers' memory.
+  double state_bytes = 0;
+  for (const plan::LayerProfile& layer : profile.layers)
+    state_bytes += static_cast<double>(layer.parameters) * (profile.state.param + profile.state.optimizer);
+  const double per_machine = state_bytes / std::max(1, g.machines);
+  r.disk_load_s = per_machine / (f.storage_gbps * 1e9 / 8);  // each machine reads its share
+  r.checkpoint_stall_s = 0;  // written in the background from the in-memory snapshot (issue 5)
+  const double inter = g.inter.bandwidth_Bps > 0 ? g.inter.bandwidth_Bps : profile.p2p.bandwidth_Bps;
+  r.memory_load_s = per_machine / inter;  // a lost machine's share rebuilt over the network
+
+  std::printf("trace: %s, %.2f h, %d..%d machines, %d preemptions\n", trace.name.c_str(), trace.duration_s / 3600,
+              plan::summarize(trace).min_live, trace.peak(), plan::summarize(trace).preemptions);
+  std::printf("plan: dp %d x tp %d x pp %d, global batch %lld; state %.2f GB; detect %.1f s, restart %.1f s, "
+              "load from disk %.1f s / memory %.2f s, checkpoint every %.0f s\n",
+              p.dp, p.tp, p.pp, static_cast<long long>(p.global_batch), state_bytes / 1e9, r.detect_s, r.restart_s,
+              r.disk_load_s, r.memory_load_s, r.checkpoint_every_s);
+  const std::vector<plan::PolicyResult> results = plan::replay_all(trace, r);
+  std::printf("%-14s %14s %12s %16s %11s %11s %9s %9s\n", "policy", "samples/hour", "cost", "cost/M samples",
+              "down (h)", "lost (h)", "restarts", "fallback");
+  for (const plan::PolicyResult& res : results)
+    std::printf("%-14s %14.0f %12.2f %16.3f %11.2f %11.2f %9d %9d\n", plan::policy_name(res.policy),
+                res.goodput_per_hour, res.cost, res.cost_per_million_samples, res.downtime_s / 3600,
+                res.work_lost_s / 3600, res.restarts, res.disk_fallbacks);
+  if (!f.out.empty()) {
+    std::vector<obs::Series> series;
+    for (const plan::PolicyResult& res : results) {
+      obs::Series s{std::string(plan::policy_name(res.policy)) + ": useful samples (millions)", {}, {}};
+      for (const plan::SeriesPoint& point : res.series) {
+        s.x.push_back(point.t_s / 3600);
+        s.y.push_back(point.samples / 1e6);
+      }
+      series.push_back(s);
+    }
+    obs::Series live{"live machines", {}, {}};
+    for (const auto& [t, n] : trace.points) {
+      live.x.push_back(t / 3600);
+      live.y.push_back(n);
+    }
+    live.x.push_back(trace.duration_s / 3600);
+    live.y.push_back(trace.points.empty() ? 0 : trace.points.back().second);
+    obs::write_text_file(f.out, obs::line_chart_svg("spot replay: " + trace.name, "hours",
+                                                    "useful samples (M)", series) );
+    const std::string live_out = f.out.substr(0, f.out.rfind('.')) + "-machines.svg";
+    obs::write_text_file(live_out, obs::line_chart_svg("live machines: " + trace.name, "hours", "machines", {live}));
+    std::printf("wrote %s and %s\n", f.out.c_str(), live_out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace trireme::cli

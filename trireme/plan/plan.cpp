@@ -1,0 +1,181 @@
+#include "trireme/plan/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "trireme/common/error.h"
+#include "trireme/plan/json_reader.h"
+
+namespace trireme::plan {
+
+Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& chosen) {
+  const Layout& l = chosen.layout;
+  Plan p;
+  p.cluster = cluster.name;
+  p.profile = profile.source;
+  p.model = profile.model;
+  p.global_batch = l.global_batch();
+  p.dp = l.dp;
+  p.tp = l.tp;
+  p.pp = l.pp;
+  p.schedule = l.pp > 1 ? pipeline::schedule_name(l.schedule) : "";
+  p.chunks = l.chunks;
+  p.micro_batches = l.micro_batches;
+  p.micro_batch_size = l.micro_batch_size;
+  p.zero = l.zero;
+  p.pp_split = l.pp > 1 ? pipeline::format_split(l.split) : "";
+  for (int r = 0; r < l.world(); ++r) {
+    const DeviceSlot& d = l.ranks[r];
+    const MachineGroup& g = cluster.groups[d.group];
+    p.ranks.push_back({r, g.name, d.machine, d.device, g.speed(profile),
+                       g.relative_speed > 0 ? 1.0 / g.relative_speed : 1.0});
+  }
+  p.predicted_step_s = chosen.estimate.step_s;
+  p.predicted_samples_per_s = chosen.estimate.samples_per_s(l.global_batch());
+  p.predicted_bubble = chosen.estimate.bubble_fraction;
+  for (const StageCost& s : chosen.estimate.stages) p.predicted_memory_bytes.push_back(s.memory_bytes());
+  return p;
+}
+
+std::string to_json(const Plan& p) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const PlanRank& r : p.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"group", r.group},
+                     {"machine", r.machine},
+                     {"device", r.device},
+                     {"speed", r.speed},
+                     {"emulated_slowdown", r.emulated_slowdown}});
+  nlohmann::ordered_json layout = {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}};
+  if (p.pp > 1) layout["schedule"] = p.schedule;
+  layout["chunks"] = p.chunks;
+  layout["micro_batches"] = p.micro_batches;
+  layout["micro_batch_size"] = p.micro_batch_size;
+  layout["zero"] = p.zero;
+  if (p.pp > 1) layout["pp_split"] = p.pp_split;
+  const nlohmann::ordered_json out = {
+      {"format", 1},
+      {"cluster", p.cluster},
+      {"profile", p.profile},
+      {"model",
+       {{"vocab", p.model.vocab},
+        {"seq_len", p.model.seq_len},
+        {"layers", p.model.layers},
+        {"dim", p.model.dim},
+        {"heads", p.model.heads},
+        {"mlp_ratio", p.model.mlp_ratio}}},
+      {"global_batch", p.global_batch},
+      {"layout", layout},
+      {"ranks", ranks},
+      {"predicted",
+       {{"step_s", p.predicted_step_s},
+        {"samples_per_s", p.predicted_samples_per_s},
+        {"bubble_fraction", p.predicted_bubble},
+        {"memory_bytes_per_stage", p.predicted_memory_bytes}}}};
+  return out.dump(1) + "\n";
+}
+
+Plan parse_plan(const std::string& text, const std::string& origin) {
+  const nlohmann::json doc = Field::parse(text, origin);
+  const Field root(doc, "", origin);
+  root.only({"format", "cluster", "profile", "model", "global_batch", "layout", "ranks", "predicted"});
+  if (root.at("format").integer(1) != 1)
+    root.at("format").fail("is not 1; this plan was written by another trireme: re-run trireme plan");
+  Plan p;
+  p.cluster = root.str_or("cluster", "");
+  p.profile = root.str_or("profile", "");
+  const Field model = root.at("model");
+  model.only({"vocab", "seq_len", "layers", "dim", "heads", "mlp_ratio"});
+  p.model.vocab = model.at("vocab").integer(1);
+  p.model.seq_len = model.at("seq_len").integer(1);
+  p.model.layers = model.at("layers").integer(1);
+  p.model.dim = model.at("dim").integer(1);
+  p.model.heads = model.at("heads").integer(1);
+  p.model.mlp_ratio = model.integer_or("mlp_ratio", 1, 4);
+  p.global_batch = root.at("global_batch").integer(1);
+  const Field l = root.at("layout");
+  l.only({"dp", "tp", "pp", "schedule", "chunks", "micro_batches", "micro_batch_size", "zero", "pp_split"});
+  p.dp = static_cast<int>(l.at("dp").integer(1));
+  p.tp = static_cast<int>(l.at("tp").integer(1));
+  p.pp = static_cast<int>(l.at("pp").integer(1));
+  p.chunks = static_cast<int>(l.integer_or("chunks", 1, 1));
+  p.micro_batches = static_cast<int>(l.at("micro_batches").integer(1));
+  p.micro_batch_size = static_cast<int>(l.at("micro_batch_size").integer(1));
+  p.zero = static_cast<int>(l.integer_or("zero", 0, 0));
+  if (p.zero > 2) l.at("zero").fail("must be 0, 1 or 2");
+  if (p.pp > 1) {
+    p.schedule = l.at("schedule").str();
+    try {
+      pipeline::parse_schedule(p.schedule);
+    } catch (const InvalidArgument& e) {
+      l.at("schedule").fail(std::string("is not a schedule: ") + e.what());
+    }
+    p.pp_split = l.at("pp_split").str();
+    try {
+      pipeline::parse_split(p.pp_split, static_cast<int>(p.model.layers + 2), p.pp * p.chunks);
+    } catch (const InvalidArgument& e) {
+      l.at("pp_split").fail(std::string("is not a split of the model: ") + e.what());
+    }
+  } else if (l.has("schedule") || l.has("pp_split")) {
+    l.at(l.has("schedule") ? "schedule" : "pp_split").fail("is given but pp is 1; drop it or set pp");
+  }
+  if (int64_t{p.dp} * p.micro_batches * p.micro_batch_size != p.global_batch)
+    root.at("global_batch").fail("is " + std::to_string(p.global_batch) + " but dp x micro_batches x micro_batch_size = " +
+                                 std::to_string(int64_t{p.dp} * p.micro_batches * p.micro_batch_size));
+  const std::vector<Field> ranks = root.at("ranks").items();
+  if (static_cast<int>(ranks.size()) != p.world())
+    root.at("ranks").fail("lists " + std::to_string(ranks.size()) + " ranks but dp x tp x pp = " +
+                          std::to_string(p.world()));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const Field& f = ranks[i];
+    f.only({"rank", "group", "machine", "device", "speed", "emulated_slowdown"});
+    PlanRank r;
+    r.rank = static_cast<int>(f.at("rank").integer(0));
+    if (r.rank != static_cast<int>(i)) f.at("rank").fail("must be " + std::to_string(i) + " (ranks in order)");
+    r.group = f.str_or("group", "");
+    r.machine = static_cast<int>(f.integer_or("machine", 0, 0));
+    r.device = static_cast<int>(f.integer_or("device", 0, 0));
+    r.speed = f.positive_or("speed", 1);
+    r.emulated_slowdown = f.positive_or("emulated_slowdown", 1);
+    if (r.emulated_slowdown < 1) f.at("emulated_slowdown").fail("must be >= 1 (a factor compute is slowed by)");
+    p.ranks.push_back(r);
+  }
+  if (root.has("predicted")) {
+    const Field pr = root.at("predicted");
+    p.predicted_step_s = pr.non_negative_or("step_s", 0);
+    p.predicted_samples_per_s = pr.non_negative_or("samples_per_s", 0);
+    p.predicted_bubble = pr.non_negative_or("bubble_fraction", 0);
+    if (pr.has("memory_bytes_per_stage"))
+      for (const Field& m : pr.at("memory_bytes_per_stage").items()) p.predicted_memory_bytes.push_back(m.non_negative());
+  }
+  return p;
+}
+
+Plan read_plan(const std::string& path) { return parse_plan(read_text_file(path), path); }
+
+std::string slowdown_flag(const Plan& plan) {
+  std::ostringstream out;
+  for (const PlanRank& r : plan.ranks)
+    if (r.emulated_slowdown != 1) out << (out.tellp() > 0 ? "," : "") << r.rank << ":" << r.emulated_slowdown;
+  return out.str();
+}
+
+double slowdown_of(const std::string& flag, int rank) {
+  double factor = 1;
+  std::stringstream items(flag);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto colon = item.find(':');
+    char* end = nullptr;
+    const long r = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
+    const double f = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, nullptr);
+    TRIREME_CHECK(colon != std::string::npos && end == item.c_str() + colon && r >= 0 && f >= 1,
+                  "--emulate-slowdown '", item, "' is not RANK:FACTOR with FACTOR >= 1, e.g. 1:2.5");
+    if (r == rank) factor = f;
+  }
+  return factor;
+}
+
+}  // namespace trireme::plan

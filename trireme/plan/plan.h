@@ -1,0 +1,67 @@
+// A plan: the layout `trireme plan` chose, written as JSON for `trireme train --plan`.
+//
+//   {"format": 1, "cluster": "...", "profile": "...",
+//    "model": {"vocab": 256, "seq_len": 128, "layers": 4, "dim": 128, "heads": 4, "mlp_ratio": 4},
+//    "global_batch": 16,
+//    "layout": {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b", "chunks": 1,
+//               "micro_batches": 4, "micro_batch_size": 4, "zero": 0, "pp_split": "0:3,3:6"},
+//    "ranks": [{"rank": 0, "group": "fast", "machine": 0, "device": 0, "speed": 1,
+//               "emulated_slowdown": 1}, ...],
+//    "predicted": {"step_s": 0.12, "samples_per_s": 133, "bubble_fraction": 0.2,
+//                  "memory_bytes_per_stage": [...]}}
+//
+// `emulated_slowdown` is 1/relative_speed for ranks of a group described by a relative
+// speed (a device emulated on this machine's CPU ranks: `trireme train --plan` slows their
+// compute by that factor) and 1 for real devices. Everything a plan says is checked when it
+// is read; errors name the file and the JSON path. Pure: no libtorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trireme/models/gpt_config.h"
+#include "trireme/plan/search.h"
+
+namespace trireme::plan {
+
+struct PlanRank {
+  int rank = 0;
+  std::string group;
+  int machine = 0, device = 0;
+  double speed = 1;
+  double emulated_slowdown = 1;
+};
+
+struct Plan {
+  std::string cluster;
+  std::string profile;  // the profile's source
+  models::GptConfig model;
+  int64_t global_batch = 0;
+  int dp = 1, tp = 1, pp = 1;
+  std::string schedule;  // "" when pp == 1
+  int chunks = 1;
+  int micro_batches = 1;
+  int micro_batch_size = 1;
+  int zero = 0;
+  std::string pp_split;  // "" when pp == 1
+  std::vector<PlanRank> ranks;
+  double predicted_step_s = 0;
+  double predicted_samples_per_s = 0;
+  double predicted_bubble = 0;
+  std::vector<double> predicted_memory_bytes;  // per stage
+
+  int world() const { return dp * tp * pp; }
+};
+
+Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& chosen);
+std::string to_json(const Plan& plan);
+Plan parse_plan(const std::string& text, const std::string& origin);
+Plan read_plan(const std::string& path);
+
+// "--emulate-slowdown" form of the plan's slowdowns: "1:2.5" (only ranks slowed), "" if none.
+std::string slowdown_flag(const Plan& plan);
+// Parses "RANK:FACTOR,RANK:FACTOR" (factor >= 1) and returns rank's factor (1 if absent).
+// Throws InvalidArgument naming the problem.
+double slowdown_of(const std::string& flag, int rank);
+
+}  // namespace trireme::plan
