@@ -116,7 +116,7 @@ int plan_main(const std::vector<std::string>& args) {
   parser.add_switch("symmetric", &f.symmetric,
                     "plan as Megatron-style symmetric planning would: devices in file order, even split");
   parser.add("overlap", &f.overlap,
-             "share of gradient sync hidden under compute (default: 1 on accelerators, 0.5 on CPU profiles)");
+             "share of gradient sync hidden under compute (default: the profile's measurement, else 1)");
   parser.add_switch("evaluate", &f.evaluate, "predict the layout given by the flags below instead of searching");
   parser.add("dp", &f.dp, "with --evaluate: data-parallel size (default: the rest)");
   parser.add("tp", &f.tp, "with --evaluate: tensor-parallel size");

@@ -27,8 +27,7 @@ plan::Profile load_profile(const ProfileSource& s) {
 
 plan::CostOptions cost_options_for(const plan::Profile& profile) {
   plan::CostOptions o;
-  const bool measured_cpu = profile.source.rfind("analytic", 0) != 0 && profile.device.rfind("cpu", 0) == 0;
-  o.overlap = measured_cpu ? 0.5 : 1.0;
+  if (profile.overlap >= 0) o.overlap = profile.overlap;
   return o;
 }
 

@@ -23,9 +23,9 @@ void add_profile_flags(FlagParser& parser, ProfileSource* source);
 // Throws InvalidArgument unless exactly one of --profile and --analytic is given.
 plan::Profile load_profile(const ProfileSource& source);
 
-// The cost model's options for a profile: on a measured CPU profile about half of a
-// gradient bucket's time hides under compute (the Gloo thread shares the core; measured,
-// docs/benchmarks.md "Planner"); accelerators overlap it fully.
+// The cost model's options for a profile: the overlap of communication with compute the
+// profile measured (on CPU the Gloo thread shares the core), else full overlap (separate
+// engines on accelerators).
 plan::CostOptions cost_options_for(const plan::Profile& profile);
 
 }  // namespace trireme::cli

@@ -48,12 +48,6 @@ double ring(int w, const Link& step, double bytes) {
   return w <= 1 ? 0.0 : 2.0 * (w - 1) * (step.latency_s + bytes / w / step.bandwidth_Bps);
 }
 
-double sum_layers(const Profile& profile, const pipeline::LayerRange& range, Work work, double b) {
-  double t = 0;
-  for (int l = range.begin; l < range.end; ++l) t += layer_time(profile.layers[l], work, b);
-  return t;
-}
-
 void check_layout(const Profile& profile, const Cluster& cluster, const Layout& layout) {
   TRIREME_CHECK(layout.dp >= 1 && layout.tp >= 1 && layout.pp >= 1 && layout.chunks >= 1,
                 "a layout needs dp, tp, pp and chunks >= 1");
@@ -108,11 +102,14 @@ double allreduce_time(const Profile& profile, const Cluster& cluster,
   std::map<std::pair<int, int>, int> per_machine;
   Link intra{0, 1e300};
   Link inter{0, 1e300};
+  std::vector<int> groups;
   for (const DeviceSlot& d : members) {
     ++per_machine[{d.group, d.machine}];
-    intra = slower(intra, intra_link(profile, cluster.groups[d.group], true));
-    for (const DeviceSlot& e : members)
-      inter = slower(inter, inter_link(profile, cluster.groups[d.group], cluster.groups[e.group], true));
+    if (std::find(groups.begin(), groups.end(), d.group) == groups.end()) groups.push_back(d.group);
+  }
+  for (int g : groups) {
+    intra = slower(intra, intra_link(profile, cluster.groups[g], true));
+    for (int h : groups) inter = slower(inter, inter_link(profile, cluster.groups[g], cluster.groups[h], true));
   }
   const int machines = static_cast<int>(per_machine.size());
   if (machines == 1) return ring(w, intra, bytes);
@@ -247,9 +244,21 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     const std::vector<DeviceSlot> tp_members = tp_group(s);
     for (int c = 0; c < v; ++c) {
       const pipeline::LayerRange range = layout.split[c * p + s];
-      const double scale = 1.0 / (sc.speed * tp);
+      // Measured at this tp (collectives included) when the profile has it; otherwise the
+      // tp=1 time split tp ways plus the modelled all-reduces.
+      bool measured_tp = tp > 1;
+      for (int l = range.begin; l < range.end; ++l)
+        measured_tp = measured_tp && tensor_parallel_rows(profile.layers[l], tp) != nullptr;
+      const double scale = 1.0 / (sc.speed * (measured_tp ? 1 : tp));
+      auto work_sum = [&](Work work) {
+        double t = 0;
+        for (int l = range.begin; l < range.end; ++l)
+          t += measured_tp ? rows_time(*tensor_parallel_rows(profile.layers[l], tp), work, b)
+                           : layer_time(profile.layers[l], work, b);
+        return t;
+      };
       double tp_forward = 0, tp_backward = 0;
-      if (tp > 1)
+      if (tp > 1 && !measured_tp)
         for (int l = range.begin; l < range.end; ++l) {
           const LayerProfile& layer = profile.layers[l];
           const double hidden = layer_output_bytes(layer, b);
@@ -259,9 +268,9 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
           tp_forward += per_pass * t;
           tp_backward += per_pass * t;
         }
-      times.forward[s][c] = sum_layers(profile, range, Work::kForward, b) * scale + tp_forward;
-      times.backward_input[s][c] = sum_layers(profile, range, Work::kBackwardInput, b) * scale + tp_backward;
-      times.backward_weight[s][c] = sum_layers(profile, range, Work::kBackwardWeight, b) * scale;
+      times.forward[s][c] = work_sum(Work::kForward) * scale + tp_forward;
+      times.backward_input[s][c] = work_sum(Work::kBackwardInput) * scale + tp_backward;
+      times.backward_weight[s][c] = work_sum(Work::kBackwardWeight) * scale;
       times.backward_full[s][c] = times.backward_input[s][c] + times.backward_weight[s][c];
       double act = 0;
       for (int l = range.begin; l < range.end; ++l) act += layer_activation_bytes(profile.layers[l], b);
@@ -296,6 +305,8 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   const ReplayResult rep = replay(spec, times);
   e.makespan_s = rep.makespan_s;
 
+  // Two scalar all-reduces close every step: the gradient norm's and the loss's.
+  const double closing_s = 2 * allreduce_time(profile, cluster, layout.ranks, 8);
   double bubble = 0;
   for (int s = 0; s < p; ++s) {
     StageCost& sc = e.stages[s];
@@ -358,7 +369,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       sc.optimizer_s = optimizer_s / dp +
                        0.5 * allreduce_time(profile, cluster, dp_members, params * profile.state.param);
     }
-    sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s + sc.optimizer_s;
+    sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s + sc.optimizer_s + closing_s;
     e.step_s = std::max(e.step_s, sc.end_s);
 
     const double shard = (layout.zero > 0 && dp > 1) ? dp : 1;

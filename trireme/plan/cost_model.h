@@ -13,8 +13,10 @@
 //      instruction starts when its stage is free and its input has arrived (the previous
 //      virtual stage's F, or the next one's B, plus the point-to-point transfer of the
 //      boundary activation). Compute times are the profile's per-layer times at b, divided
-//      by the device's speed and by tp (plus tp's all-reduces: two in each block's forward
-//      and two in its backward, one for the embeddings). The slowest replica of a stage
+//      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
+//      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
+//      (two in each block's forward and two in its backward, one for the embeddings,
+//      the loss's three small ones). The slowest replica of a stage
 //      sets its times (synchronous training waits for it). pp 1 is the same replay with
 //      one stage (m micro-batches of accumulation).
 //   2. data-parallel gradient sync: the stage's gradients are cut into buckets (25 MiB,
@@ -26,8 +28,9 @@
 //      a bucket's time that runs beside compute (1: separate engines; less on CPU, where
 //      Gloo's thread competes with the compute for the core); what does not overlap is
 //      exposed.
-//   3. optimizer step over the stage's parameters (1/dp of them under ZeRO, then an
-//      all-gather of the updated parameters).
+//   3. optimizer phase over the stage's parameters (gradient norm, clipping, AdamW,
+//      zeroing; 1/dp of them under ZeRO, then an all-gather of the updated parameters),
+//      and the two scalar all-reduces every step ends with (gradient norm, loss).
 // Step time = the slowest stage's (1) + exposed (2) + (3).
 //
 // Memory per device = parameters + gradients (ZeRO 2: /dp) + optimizer state (ZeRO 1/2:
@@ -71,7 +74,7 @@ struct Layout {
 struct CostOptions {
   double bucket_mb = 25;
   double first_bucket_mb = 1;
-  double overlap = 1.0;            // see (2) above
+  double overlap = 1.0;            // see (2) above; the profile's measurement when it has one
   double memory_reserve = 0.1;     // of device memory, kept for the framework
 };
 

@@ -44,11 +44,40 @@ Link read_link(const Field& f) {
   return Link{f.at("latency_s").non_negative(), f.at("bandwidth_Bps").positive()};
 }
 
+std::vector<LayerTiming> read_rows(const Field& rows) {
+  std::vector<LayerTiming> out;
+  for (const Field& tf : rows.items()) {
+    tf.only({"micro_batch", "forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
+             "output_bytes"});
+    LayerTiming t;
+    t.micro_batch = tf.at("micro_batch").integer(1);
+    if (!out.empty() && t.micro_batch <= out.back().micro_batch)
+      tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
+    t.forward_s = tf.at("forward_s").non_negative();
+    t.backward_input_s = tf.at("backward_input_s").non_negative();
+    t.backward_weight_s = tf.at("backward_weight_s").non_negative();
+    t.activation_bytes = tf.at("activation_bytes").integer(0);
+    t.output_bytes = tf.at("output_bytes").integer(0);
+    out.push_back(t);
+  }
+  if (out.empty()) rows.fail("is empty; a layer needs at least one row");
+  return out;
+}
+
 }  // namespace
 
 double layer_time(const LayerProfile& layer, Work work, double micro_batch) {
-  return interpolate(layer.timings, micro_batch,
-                     [work](const LayerTiming& row) { return work_of(row, work); });
+  return rows_time(layer.timings, work, micro_batch);
+}
+
+double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_batch) {
+  return interpolate(rows, micro_batch, [work](const LayerTiming& row) { return work_of(row, work); });
+}
+
+const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp) {
+  for (const TensorParallelTimings& t : layer.tensor_parallel)
+    if (t.tp == tp) return &t.timings;
+  return nullptr;
 }
 
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch) {
@@ -63,20 +92,30 @@ double layer_output_bytes(const LayerProfile& layer, double micro_batch) {
 }
 
 std::string to_json(const Profile& p) {
-  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-  for (const LayerProfile& layer : p.layers) {
+  auto rows_json = [](const std::vector<LayerTiming>& timings) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-    for (const LayerTiming& t : layer.timings)
+    for (const LayerTiming& t : timings)
       rows.push_back({{"micro_batch", t.micro_batch},
                       {"forward_s", t.forward_s},
                       {"backward_input_s", t.backward_input_s},
                       {"backward_weight_s", t.backward_weight_s},
                       {"activation_bytes", t.activation_bytes},
                       {"output_bytes", t.output_bytes}});
-    layers.push_back({{"name", layer.name},
-                      {"parameters", layer.parameters},
-                      {"optimizer_s", layer.optimizer_s},
-                      {"timings", rows}});
+    return rows;
+  };
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const LayerProfile& layer : p.layers) {
+    nlohmann::ordered_json entry = {{"name", layer.name},
+                                    {"parameters", layer.parameters},
+                                    {"optimizer_s", layer.optimizer_s},
+                                    {"timings", rows_json(layer.timings)}};
+    if (!layer.tensor_parallel.empty()) {
+      nlohmann::ordered_json tps = nlohmann::ordered_json::array();
+      for (const TensorParallelTimings& t : layer.tensor_parallel)
+        tps.push_back({{"tp", t.tp}, {"timings", rows_json(t.timings)}});
+      entry["tensor_parallel"] = tps;
+    }
+    layers.push_back(entry);
   }
   nlohmann::ordered_json allreduce = link_json(p.allreduce);
   allreduce["world"] = p.allreduce_world;
@@ -97,6 +136,7 @@ std::string to_json(const Profile& p) {
        {{"param", p.state.param}, {"grad", p.state.grad}, {"optimizer", p.state.optimizer}}},
       {"p2p", link_json(p.p2p)},
       {"allreduce", allreduce},
+      {"overlap", p.overlap},
       {"repeats", p.repeats},
       {"layers", layers}};
   return out.dump(1) + "\n";
@@ -106,7 +146,7 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   const nlohmann::json doc = Field::parse(text, origin);
   const Field root(doc, "", origin);
   root.only({"format", "source", "device", "reference_tflops", "threads", "model", "state_bytes",
-             "p2p", "allreduce", "repeats", "layers"});
+             "p2p", "allreduce", "overlap", "repeats", "layers"});
   Profile p;
   p.format = static_cast<int>(root.at("format").integer(1));
   if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
@@ -132,28 +172,22 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   p.p2p = read_link(root.at("p2p"));
   p.allreduce = read_link(root.at("allreduce"));
   p.allreduce_world = static_cast<int>(root.at("allreduce").integer_or("world", 2, 2));
+  p.overlap = root.has("overlap") ? root.at("overlap").number() : -1;
+  if (p.overlap > 1) root.at("overlap").fail("must be at most 1 (a share of the communication time)");
   p.repeats = static_cast<int>(root.integer_or("repeats", 0, 0));
   for (const Field& lf : root.at("layers").items()) {
-    lf.only({"name", "parameters", "optimizer_s", "timings"});
+    lf.only({"name", "parameters", "optimizer_s", "timings", "tensor_parallel"});
     LayerProfile layer;
     layer.name = lf.at("name").str();
     layer.parameters = lf.at("parameters").integer(0);
     layer.optimizer_s = lf.non_negative_or("optimizer_s", 0);
-    for (const Field& tf : lf.at("timings").items()) {
-      tf.only({"micro_batch", "forward_s", "backward_input_s", "backward_weight_s",
-               "activation_bytes", "output_bytes"});
-      LayerTiming t;
-      t.micro_batch = tf.at("micro_batch").integer(1);
-      if (!layer.timings.empty() && t.micro_batch <= layer.timings.back().micro_batch)
-        tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
-      t.forward_s = tf.at("forward_s").non_negative();
-      t.backward_input_s = tf.at("backward_input_s").non_negative();
-      t.backward_weight_s = tf.at("backward_weight_s").non_negative();
-      t.activation_bytes = tf.at("activation_bytes").integer(0);
-      t.output_bytes = tf.at("output_bytes").integer(0);
-      layer.timings.push_back(t);
-    }
-    if (layer.timings.empty()) lf.at("timings").fail("is empty; a layer needs at least one row");
+    layer.timings = read_rows(lf.at("timings"));
+    if (lf.has("tensor_parallel"))
+      for (const Field& tpf : lf.at("tensor_parallel").items()) {
+        tpf.only({"tp", "timings"});
+        layer.tensor_parallel.push_back(
+            {static_cast<int>(tpf.at("tp").integer(2)), read_rows(tpf.at("timings"))});
+      }
     p.layers.push_back(std::move(layer));
   }
   const int64_t expected = p.model.layers + 2;
@@ -187,7 +221,6 @@ Profile analytic_profile(const models::GptConfig& m, const std::string& device, 
   const double flops_per_s = tflops * 1e12 * utilisation;
   const double T = static_cast<double>(m.seq_len), C = static_cast<double>(m.dim);
   const double V = static_cast<double>(m.vocab), R = static_cast<double>(m.mlp_ratio);
-  const double H = static_cast<double>(m.heads);
   const double matmul = (8 + 4 * R) * T * C * C;  // per sequence: qkv, proj, fc, proj2
   const double attention = 4 * T * T * C;          // QK^T and AV
   auto row = [&](double f, double b, double w, double act, double out) {
@@ -206,8 +239,7 @@ Profile analytic_profile(const models::GptConfig& m, const std::string& device, 
   for (int64_t l = 0; l < m.layers; ++l)
     p.layers.push_back({"h." + std::to_string(l),
                         static_cast<int64_t>((4 + 2 * R) * C * C + (9 + R) * C), 0,
-                        {row(matmul + attention, matmul + 2 * attention, matmul,
-                             T * C * (34 + 5 * H * T / C), hidden_bytes)}});
+                        {row(matmul + attention, matmul + 2 * attention, matmul, 34 * T * C, hidden_bytes)}});
   p.layers.push_back({"head", static_cast<int64_t>(C * V + 2 * C), 0,
                       {row(2 * T * C * V, 2 * T * C * V, 2 * T * C * V, T * V * 6, 0)}});
   return p;

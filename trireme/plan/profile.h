@@ -41,11 +41,21 @@ struct LayerTiming {
   int64_t output_bytes = 0;       // the layer's output (what a stage boundary sends)
 };
 
+// A layer measured split over a tensor-parallel group of `tp` ranks (each rank's time,
+// its tensor-parallel collectives included).
+struct TensorParallelTimings {
+  int tp = 2;
+  std::vector<LayerTiming> timings;  // ascending micro_batch
+};
+
 struct LayerProfile {
   std::string name;                  // "embeddings", "h.0", ..., "head"
   int64_t parameters = 0;            // elements (at tp 1)
-  double optimizer_s = 0;            // optimizer step over this layer's parameters, median
+  // The trainer's optimizer phase over this layer's parameters, median: gradient norm and
+  // clipping, the AdamW step, zeroing the gradients.
+  double optimizer_s = 0;
   std::vector<LayerTiming> timings;  // ascending micro_batch, at least one row
+  std::vector<TensorParallelTimings> tensor_parallel;  // optional, measured at tp > 1
 };
 
 struct Link {
@@ -73,6 +83,10 @@ struct Profile {
   Link p2p;        // one point-to-point send/recv pair, measured between two ranks
   Link allreduce;  // bus bandwidth, measured at `allreduce_world` ranks
   int allreduce_world = 2;
+  // Share of a collective's time that hides under concurrent compute, measured: 1 when they
+  // run on separate engines; on CPU the communication thread takes the core from the
+  // compute, so less. Negative: not measured (the cost model then assumes 1).
+  double overlap = -1;
   int repeats = 0;                   // measurements per median
   std::vector<LayerProfile> layers;  // the pipeline layer list, in order
 };
@@ -83,6 +97,9 @@ enum class Work { kForward, kBackwardInput, kBackwardWeight };
 // Time of `work` for micro-batch size b: linear interpolation between the measured rows,
 // linear extrapolation beyond them (through the origin when there is a single row).
 double layer_time(const LayerProfile& layer, Work work, double micro_batch);
+// The rows measured at tensor-parallel size tp, or null when tp was not measured.
+const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp);
+double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_batch);
 // Activation (or output) bytes for micro-batch b: proportional to b, from the nearest row.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);
@@ -96,9 +113,10 @@ Profile read_profile(const std::string& path);
 
 // A profile computed from FLOPs, for models too big to run here: per block and sequence of
 // T tokens, forward 24*T*C^2 + 4*T^2*C FLOPs (matmuls and attention), B and W each the
-// same again; embeddings and head from their matmuls; activations after Megatron's
-// estimate T*C*(34 + 5*H*T/C) bytes per block in 16-bit precision; times at `tflops`
-// achieved (peak times model FLOPs utilisation). Mixed-precision state bytes.
+// same again; embeddings and head from their matmuls; activations 34*T*C bytes per block
+// (Megatron's 16-bit estimate without the T^2 attention scores, which FlashAttention-style
+// kernels do not keep); times at `tflops` x `utilisation` (the model FLOPs utilisation
+// assumed on every device). Mixed-precision state bytes.
 Profile analytic_profile(const models::GptConfig& model, const std::string& device,
                          double tflops, double utilisation);
 
