@@ -339,6 +339,10 @@ std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& clus
     } catch (const InvalidArgument&) {
       out[n] = Candidate{};  // nothing fits on n machines: step_s stays 0
     }
+    // Leaving machines idle is a layout too: n machines do at least what n-1 do (a prime
+    // count, say, may only split badly).
+    const double previous = out[n - 1].estimate.step_s;
+    if (previous > 0 && (out[n].estimate.step_s == 0 || previous < out[n].estimate.step_s)) out[n] = out[n - 1];
   }
   return out;
 }

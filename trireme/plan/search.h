@@ -76,8 +76,9 @@ std::string family(const Layout& layout);
 std::vector<pipeline::LayerRange> balance_for_speeds(const std::vector<double>& costs,
                                                      const std::vector<double>& speeds);
 
-// The best layout for a given number of machines of a one-group cluster (for spot replay:
-// the cluster shrunk to `machines` machines); {} when nothing fits.
+// For each n in 1..max_machines, the best layout on at most n machines of a one-group
+// cluster (spot replay: the cluster shrunk to n machines; leaving some idle when fewer
+// split better). Index 0 and sizes where nothing fits hold an empty Candidate (step_s 0).
 std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& cluster,
                                      const SearchOptions& options, int max_machines);
 
