@@ -1,11 +1,13 @@
-"""`trireme profile gpt`: two real ranks measure a small GPT's layers, the links between
-them and the matmul throughput, and rank 0 writes the profile as JSON; bad flags are refused
-with one line and exit 2 before any rank starts.
+"""`trireme profile gpt`: two real ranks measure a small GPT's layers (whole, and split over
+both ranks as a tensor-parallel group of 2), the links between them, how much of an
+all-reduce hides under compute and the matmul throughput, and rank 0 writes the profile as
+JSON; bad flags are refused with one line and exit 2 before any rank starts.
 
-Times are only checked to be positive (never against a bound: this machine is shared).
-Sizes are checked exactly where they follow from the model: the output of the embeddings
-and of every block is b*T*C fp32 values, the head's b*T*V; parameter counts are those of
-GptConfig::num_parameters, layer by layer."""
+Times are only checked to be positive (never against a bound: this machine is shared), the
+overlap to be a share in [0, 1]. Sizes are checked exactly where they follow from the
+model: the output of the embeddings and of every block is b*T*C fp32 values, the head's
+b*T*V (b*T*V/2 at tp 2: each rank has its vocabulary slice of the logits); parameter counts
+are those of GptConfig::num_parameters, layer by layer."""
 import json
 import os
 import unittest
@@ -44,6 +46,9 @@ class Profile(unittest.TestCase):
         self.assertEqual(p["state_bytes"], {"param": 4, "grad": 4, "optimizer": 8})
         self.assertGreater(p["reference_tflops"], 0)
         self.assertLess(p["reference_tflops"], 100)  # TFLOPS, not GFLOP/s or FLOP/s
+        # The share of an all-reduce's time hidden under compute: measured, so not -1.
+        self.assertGreaterEqual(p["overlap"], 0)
+        self.assertLessEqual(p["overlap"], 1)
 
     def test_links(self):
         p = self.profile
@@ -75,6 +80,29 @@ class Profile(unittest.TestCase):
                 width = V if name == "head" else C
                 self.assertEqual(t["output_bytes"], t["micro_batch"] * T * width * 4, name)
 
+    def test_every_layer_timed_at_tensor_parallel_2(self):
+        for layer in self.profile["layers"]:
+            name = layer["name"]
+            self.assertIn("tensor_parallel", layer, name)
+            self.assertEqual([tp["tp"] for tp in layer["tensor_parallel"]], [2], name)
+            rows = layer["tensor_parallel"][0]["timings"]
+            print(name, "tp=2", [(t["micro_batch"], round(t["forward_s"] * 1e3, 3),
+                                  round(t["backward_input_s"] * 1e3, 3), round(t["backward_weight_s"] * 1e3, 3),
+                                  t["activation_bytes"]) for t in rows])
+            self.assertEqual([t["micro_batch"] for t in rows], [1, 2], name)
+            for t, whole in zip(rows, layer["timings"]):
+                self.assertGreater(t["forward_s"], 0, name)
+                self.assertGreater(t["backward_input_s"], 0, name)
+                if name == "embeddings":
+                    self.assertEqual(t["backward_weight_s"], 0, name)
+                else:  # the column- and row-parallel layers defer their weight gradients too
+                    self.assertGreater(t["backward_weight_s"], 0, name)
+                width = V // 2 if name == "head" else C
+                self.assertEqual(t["output_bytes"], t["micro_batch"] * T * width * 4, name)
+                self.assertGreater(t["activation_bytes"], 0, name)
+                if name.startswith("h."):  # the heads and the MLP's hidden features are split
+                    self.assertLess(t["activation_bytes"], whole["activation_bytes"], name)
+
     def test_activations_grow_with_micro_batch(self):
         for layer in self.profile["layers"]:
             one, two = (t["activation_bytes"] for t in layer["timings"])
@@ -89,7 +117,28 @@ class Profile(unittest.TestCase):
         for i, name in enumerate(["embeddings", "h.0", "h.1", "head"]):
             self.assertIn(f"[{i + 1}/{L + 2}] {name}:", stderr)
         self.assertIn("point-to-point latency", stderr)
+        self.assertIn("overlap ", stderr)
+        for name in ["embeddings", "h.0", "h.1", "head"]:
+            self.assertIn(f"{name} at tp=2:", stderr)
         self.assertIn(f"profile: {self.out}", stdout)
+
+
+class ProfileWithoutTensorParallel(unittest.TestCase):
+    """An odd number of heads cannot be split over 2 ranks: no tensor-parallel timings,
+    everything else as usual."""
+
+    def test_odd_heads(self):
+        out = os.path.join(temp_dir(), "profile.json")
+        run(["profile", "gpt", "--layers", "1", "--dim", str(C), "--heads", "1", "--seq", str(T),
+             "--micro-batch-sizes", "1", "--repeats", "1", "--out", out], timeout=120)
+        with open(out) as f:
+            p = json.load(f)
+        self.assertEqual([l["name"] for l in p["layers"]], ["embeddings", "h.0", "head"])
+        for layer in p["layers"]:
+            self.assertNotIn("tensor_parallel", layer, layer["name"])
+            self.assertGreater(layer["optimizer_s"], 0, layer["name"])
+        self.assertGreaterEqual(p["overlap"], 0)
+        self.assertLessEqual(p["overlap"], 1)
 
 
 class ProfileBadInput(unittest.TestCase):

@@ -3,8 +3,13 @@
 // collectives, memory rejection, and the search giving a slow device fewer layers.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/plan/cluster.h"
 #include "trireme/plan/cost_model.h"
@@ -321,6 +326,38 @@ TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
             std::string::npos);
   EXPECT_NE(error_of("\"pp\": 1", "\"pp\": 1, \"schedule\": \"1f1b\"").find("layout.schedule is given but pp is 1"),
             std::string::npos);
+}
+
+// What the planner emits, `trireme train` runs: every family it ranks on 8 ranks passes
+// the trainer's own validation once written as a plan.
+TEST(PlanSearch, EveryRankedLayoutIsOneTheTrainerAccepts) {
+  Profile p = uniform_profile(6);
+  p.model.dim = 64;
+  p.model.heads = 4;
+  p.p2p = Link{1e-4, 1e9};
+  p.allreduce = Link{1e-4, 1e9};
+  const Cluster c = parse_cluster(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 8,
+      "machines": 2, "devices_per_machine": 4, "inter_bandwidth_gbps": 10}]})", "c");
+  SearchOptions o;
+  o.global_batch = 32;
+  o.runners_up = 1000;
+  o.prune_factor = 1e9;
+  const SearchResult r = search(p, c, o);
+  std::vector<Candidate> all = {r.best};
+  for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
+  EXPECT_GT(all.size(), 30u);
+  char path[] = "/tmp/trireme-plan-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  for (const Candidate& candidate : all) {
+    { std::ofstream(path) << to_json(make_plan(p, c, candidate)); }
+    cli::TrainOptions options;
+    options.plan = path;
+    EXPECT_NO_THROW(cli::validate_train_options(&options, 8)) << describe(candidate.layout);
+    EXPECT_EQ(options.dp * options.tp * options.pp, 8);
+  }
+  std::remove(path);
 }
 
 }  // namespace

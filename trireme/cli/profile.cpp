@@ -8,12 +8,18 @@
 //   1. a 512^3 fp32 matmul: the device's achieved throughput (reference_tflops)
 //   2. point-to-point (ranks 0 and 1) and all-reduce (all ranks) over message sizes from
 //      4 bytes to 16 MiB, fitted to latency + bytes / bandwidth
-//   3. every layer of the reference GPT at each micro-batch size: F, B, W, activation and
-//      output bytes, and an AdamW step over its parameters (plan/torch/profiler.h)
-// The layer figures and the matmul throughput written are the medians over the ranks of
-// each rank's medians (with 2 ranks: the mean of the two); the links are rank 0's
-// measurement. Rank 0 prints progress on stderr while it goes (a line per timing round and
-// per layer), a table on stdout at the end, and writes the file.
+//   3. the overlap of all-reduces with compute: one block's forward and backward at the
+//      largest micro-batch alone, 4 MiB all-reduces alone, and both at once
+//   4. every layer of the reference GPT at each micro-batch size: F, B, W, activation and
+//      output bytes, and the optimizer phase over its parameters (gradient clipping, an
+//      AdamW step, zero_grad)
+//   5. with exactly 2 ranks, and heads and vocabulary even: every layer again split over
+//      the two ranks as a tensor-parallel group (tp 2), the same figures but the optimizer
+// (plan/torch/profiler.h says how each is measured.) The layer figures, the overlap and
+// the matmul throughput written are the medians over the ranks of each rank's figures
+// (with 2 ranks: the mean of the two); the links are rank 0's measurement. Rank 0 prints
+// progress on stderr while it goes (a line per timing round, per layer, for the overlap and
+// per tensor-parallel layer), a table on stdout at the end, and writes the file.
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -22,7 +28,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <sstream>
+#include <type_traits>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/launch_flags.h"
@@ -30,6 +38,7 @@
 #include "trireme/dist/world.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/plot.h"
+#include "trireme/parallel/tensor/tensor_parallel.h"
 #include "trireme/plan/profile.h"
 #include "trireme/plan/torch/profiler.h"
 
@@ -42,9 +51,15 @@ constexpr const char* kProfileHelp =
     "                           [--out profile.json]\n"
     "Measures the reference GPT on this machine for the planner: per layer and micro-batch\n"
     "size the forward (F), input-gradient (B) and weight-gradient (W) times, activation and\n"
-    "output bytes and an AdamW step; point-to-point and all-reduce latency and bandwidth\n"
-    "between P local ranks (one intra-op thread each); the achieved matmul throughput.\n"
+    "output bytes and the optimizer phase (clip, AdamW step, zero_grad); with P = 2 the\n"
+    "same per layer split over both ranks (tensor parallel, tp 2); point-to-point and\n"
+    "all-reduce latency and bandwidth between P local ranks (one intra-op thread each), and\n"
+    "how much of an all-reduce hides under compute; the achieved matmul throughput.\n"
     "Writes the profile as JSON (read by trireme plan).\n";
+
+// Seed of the model and the random inputs on every rank: the tensor-parallel ranks must
+// build the same model and see the same tokens.
+constexpr uint64_t kSeed = 1234;
 
 struct ProfileOptions {
   models::GptConfig model;
@@ -107,16 +122,37 @@ void check_output_file(const std::string& out) {
                 " is not writable; choose another path");
 }
 
-// Every figure that is combined across ranks, in a fixed order.
-std::vector<double> figures(const std::vector<plan::LayerProfile>& layers, double tflops) {
-  std::vector<double> v;
-  for (const auto& layer : layers) {
-    v.push_back(layer.optimizer_s);
-    for (const auto& t : layer.timings)
-      v.insert(v.end(), {t.forward_s, t.backward_input_s, t.backward_weight_s,
-                         static_cast<double>(t.activation_bytes), static_cast<double>(t.output_bytes)});
+// What each rank measured that is combined across ranks.
+struct RankFigures {
+  std::vector<plan::LayerProfile> layers;
+  double tflops = 0;
+  double overlap = 0;
+};
+
+// Applies `f` to every figure of `r` (a RankFigures, const or not), in a fixed order: the
+// same on every rank, since all ranks measure the same rows.
+template <class Figures, class F>
+void for_each_figure(Figures& r, F&& f) {
+  const auto row = [&](auto& t) {
+    f(t.forward_s);
+    f(t.backward_input_s);
+    f(t.backward_weight_s);
+    f(t.activation_bytes);
+    f(t.output_bytes);
+  };
+  for (auto& layer : r.layers) {
+    f(layer.optimizer_s);
+    for (auto& t : layer.timings) row(t);
+    for (auto& tp : layer.tensor_parallel)
+      for (auto& t : tp.timings) row(t);
   }
-  v.push_back(tflops);
+  f(r.tflops);
+  f(r.overlap);
+}
+
+std::vector<double> figures(const RankFigures& r) {
+  std::vector<double> v;
+  for_each_figure(r, [&](const auto& x) { v.push_back(static_cast<double>(x)); });
   return v;
 }
 
@@ -130,10 +166,9 @@ std::string figures_text(const std::vector<double>& values) {
   return text;
 }
 
-// Replaces each figure of `layers` and *tflops by its median over the ranks' texts.
-void take_rank_medians(const std::vector<std::string>& texts, std::vector<plan::LayerProfile>* layers,
-                       double* tflops) {
-  const size_t count = figures(*layers, *tflops).size();
+// Replaces each figure of `r` by its median over the ranks' texts.
+void take_rank_medians(const std::vector<std::string>& texts, RankFigures* r) {
+  const size_t count = figures(*r).size();
   std::vector<std::vector<double>> per_figure(count);
   for (const std::string& text : texts) {
     std::istringstream in(text);
@@ -146,17 +181,12 @@ void take_rank_medians(const std::vector<std::string>& texts, std::vector<plan::
   std::vector<double> m;
   for (auto& values : per_figure) m.push_back(plan::median(std::move(values)));
   size_t at = 0;
-  for (auto& layer : *layers) {
-    layer.optimizer_s = m[at++];
-    for (auto& t : layer.timings) {
-      t.forward_s = m[at++];
-      t.backward_input_s = m[at++];
-      t.backward_weight_s = m[at++];
-      t.activation_bytes = std::llround(m[at++]);
-      t.output_bytes = std::llround(m[at++]);
-    }
-  }
-  *tflops = m[at];
+  for_each_figure(*r, [&](auto& x) {
+    if constexpr (std::is_integral_v<std::decay_t<decltype(x)>>)
+      x = std::llround(m[at++]);
+    else
+      x = m[at++];
+  });
 }
 
 std::string format(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
@@ -184,23 +214,45 @@ std::string layer_line(const plan::LayerProfile& layer, size_t index, size_t cou
                      format(": %.0f params, ", static_cast<double>(layer.parameters)) +
                      timing_text(layer.timings.front());
   if (layer.timings.size() > 1) line += ", " + timing_text(layer.timings.back());
-  line += format(", activations %.1f KiB at b=%.0f, AdamW %.3f ms",
+  line += format(", activations %.1f KiB at b=%.0f, optimizer %.3f ms",
                  static_cast<double>(layer.timings.front().activation_bytes) / 1024,
                  static_cast<double>(layer.timings.front().micro_batch), layer.optimizer_s * 1e3);
   return line;
 }
 
+std::string overlap_line(const plan::OverlapMeasurement& m) {
+  return format("overlap %.2f: compute %.1f ms alone (%.0f block steps), ", m.overlap, m.compute_s * 1e3,
+                m.compute_runs) +
+         format("%.0f all-reduces of %.0f MiB %.1f ms alone, ", m.allreduces,
+                static_cast<double>(m.allreduce_bytes) / (1 << 20), m.communication_s * 1e3) +
+         format("both %.1f ms", m.both_s * 1e3);
+}
+
+std::string tensor_parallel_line(const plan::LayerProfile& layer) {
+  const std::vector<plan::LayerTiming>& rows = layer.tensor_parallel.front().timings;
+  std::string line = layer.name + " at tp=" + std::to_string(layer.tensor_parallel.front().tp) + ": " +
+                     timing_text(rows.front());
+  if (rows.size() > 1) line += ", " + timing_text(rows.back());
+  return line;
+}
+
+// One row per layer, micro-batch size and tensor-parallel size.
 std::string summary_table(const plan::Profile& p) {
-  std::string text = "layer             b      F ms      B ms      W ms  activ. KiB  output KiB\n";
-  for (const auto& layer : p.layers)
-    for (const auto& t : layer.timings) {
+  std::string text = "layer         tp      b      F ms      B ms      W ms  activ. KiB  output KiB\n";
+  const auto rows = [&](const std::string& name, int tp, const std::vector<plan::LayerTiming>& timings) {
+    for (const auto& t : timings) {
       char row[160];
-      std::snprintf(row, sizeof(row), "%-12s %6lld %9.3f %9.3f %9.3f %11.1f %11.1f\n", layer.name.c_str(),
+      std::snprintf(row, sizeof(row), "%-12s %3d %6lld %9.3f %9.3f %9.3f %11.1f %11.1f\n", name.c_str(), tp,
                     static_cast<long long>(t.micro_batch), t.forward_s * 1e3, t.backward_input_s * 1e3,
                     t.backward_weight_s * 1e3, static_cast<double>(t.activation_bytes) / 1024,
                     static_cast<double>(t.output_bytes) / 1024);
       text += row;
     }
+  };
+  for (const auto& layer : p.layers) {
+    rows(layer.name, 1, layer.timings);
+    for (const auto& tp : layer.tensor_parallel) rows(layer.name, tp.tp, tp.timings);
+  }
   return text;
 }
 
@@ -273,55 +325,81 @@ int profile_worker_main(const std::vector<std::string>& args) {
   say("measuring on " + std::to_string(world.size()) + " ranks, " + std::to_string(threads) +
       " thread(s) each, " + std::to_string(opt.repeats) + " repeats per median");
   // A matmul takes milliseconds: many samples cost little and steady the median.
-  double tflops = plan::measure_matmul_tflops(std::max(10 * opt.repeats, 50), in_step);
+  const double tflops = plan::measure_matmul_tflops(std::max(10 * opt.repeats, 50), in_step);
   say(format("fp32 matmul 512^3: %.1f GFLOP/s", tflops * 1e3));
   const std::vector<int64_t> sizes = plan::message_sizes();
   const plan::LinkMeasurement p2p = plan::measure_p2p(group, sizes, opt.repeats);
   say(link_line("point-to-point", p2p));
   const plan::LinkMeasurement allreduce = plan::measure_allreduce(group, sizes, opt.repeats);
   say(link_line("all-reduce (bus)", allreduce));
+  const plan::OverlapMeasurement overlap = plan::measure_overlap(
+      group, plan::block_step_job(opt.model, opt.micro_batches.back(), kSeed), opt.repeats);
+  say(overlap_line(overlap) + " (rank 0)");
 
   plan::LayerMeasureOptions layer_options;
   layer_options.model = opt.model;
   layer_options.micro_batches = opt.micro_batches;
   layer_options.repeats = opt.repeats;
+  layer_options.seed = kSeed;
   layer_options.in_step = in_step;
   const size_t layer_count = static_cast<size_t>(opt.model.layers) + 2;
   size_t measured = 0;
+  std::string what = "layers";
   layer_options.on_round = [&](int done, int rounds, double seconds) {
     const int per_size = opt.repeats + 1;  // a warm-up round and the timed ones
     if (done % per_size == 0)
-      say("layers timed at b=" + std::to_string(opt.micro_batches[done / per_size - 1]) +
+      say(what + " timed at b=" + std::to_string(opt.micro_batches[done / per_size - 1]) +
           format(" (%.0f of %.0f rounds, %.1f s)", done, rounds, seconds));
   };
   layer_options.on_layer = [&](const plan::LayerProfile& layer) {
     say(layer_line(layer, ++measured, layer_count));
   };
-  std::vector<plan::LayerProfile> layers = plan::measure_layers(layer_options);
+  RankFigures mine{plan::measure_layers(layer_options), tflops, overlap.overlap};
 
-  const std::vector<std::string> texts =
-      world.gather_on_leader("profile-figures", figures_text(figures(layers, tflops)));
+  // Tensor parallel over both ranks: the group is the whole world, as with --tp 2.
+  constexpr int kTensorParallel = 2;
+  if (world.size() == kTensorParallel && opt.model.heads % kTensorParallel == 0 &&
+      opt.model.vocab % kTensorParallel == 0) {
+    tensor::TensorParallel tp;
+    tp.group = group;
+    tp.rank = rank;
+    tp.size = kTensorParallel;
+    tp.rng = std::make_shared<tensor::RngTracker>(kSeed, rank);
+    what = "tensor-parallel (tp=2) layers";
+    layer_options.on_layer = nullptr;
+    std::vector<plan::TensorParallelTimings> split = plan::measure_tensor_parallel_layers(layer_options, tp);
+    for (size_t l = 0; l < split.size(); ++l) {
+      mine.layers[l].tensor_parallel.push_back(std::move(split[l]));
+      say(tensor_parallel_line(mine.layers[l]));
+    }
+  } else {
+    say("no tensor-parallel timings: they need exactly 2 ranks and an even number of heads and vocabulary");
+  }
+
+  const std::vector<std::string> texts = world.gather_on_leader("profile-figures", figures_text(figures(mine)));
   if (!leader) return 0;
-  take_rank_medians(texts, &layers, &tflops);
+  take_rank_medians(texts, &mine);
 
   plan::Profile profile;
   profile.source = "measured by trireme profile on " + hostname();
   profile.device = "cpu, " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") + " per rank";
-  profile.reference_tflops = tflops;
+  profile.reference_tflops = mine.tflops;
   profile.threads = threads;
   profile.model = opt.model;
   profile.state = plan::StateBytes{4, 4, 8};  // fp32 parameters and gradients, AdamW's two moments
   profile.p2p = p2p.link;
   profile.allreduce = allreduce.link;
   profile.allreduce_world = world.size();
+  profile.overlap = mine.overlap;
   profile.repeats = opt.repeats;
-  profile.layers = std::move(layers);
+  profile.layers = std::move(mine.layers);
   obs::write_text_file(opt.out, plan::to_json(profile));
 
   std::fputs(summary_table(profile).c_str(), stdout);
-  std::printf("%s\n%s\nreference throughput %.4f TFLOPS (fp32 matmul, %d thread(s))\n",
+  std::printf("%s\n%s\noverlap %.2f (median over ranks; rank 0: %s)\n"
+              "reference throughput %.4f TFLOPS (fp32 matmul, %d thread(s))\n",
               link_line("point-to-point", p2p).c_str(), link_line("all-reduce (bus)", allreduce).c_str(),
-              tflops, threads);
+              profile.overlap, overlap_line(overlap).c_str(), profile.reference_tflops, threads);
   std::printf("profile: %s (%.1f s)\n", opt.out.c_str(), (obs::now_us() - start_us) / 1e6);
   std::fflush(stdout);
   return 0;

@@ -1,4 +1,5 @@
-// Timing layers, optimizer steps, links and a matmul for `trireme profile`; see profiler.h.
+// Timing layers (whole and tensor-parallel), optimizer phases, links, the overlap of
+// communication with compute and a matmul for `trireme profile`; see profiler.h.
 #include "trireme/plan/torch/profiler.h"
 
 #include <ATen/ATen.h>
@@ -6,12 +7,16 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <memory>
+#include <thread>
 
 #include "trireme/common/error.h"
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/memory.h"
+#include "trireme/optim/clip.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 
 namespace trireme::plan {
@@ -23,6 +28,9 @@ namespace {
 torch::optim::AdamWOptions trainer_adamw_options() {
   return torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).weight_decay(0.1);
 }
+
+// The trainer's gradient clip (--clip's default, cli/train_options.h).
+constexpr double kMaxGradNorm = 1.0;
 
 // Messages below this size are timed several to a batch (up to kMaxBatched, as many as
 // fit in it): they are quick, and more samples steady the median of their noisy times.
@@ -89,9 +97,27 @@ struct LayerRunner {
 
   // Bytes the forward leaves alive while only its root is kept (then freed, unused).
   void measure_memory(int64_t* activation, int64_t* output) const {
-    const int64_t before = obs::CpuMemory::current_bytes();
+    const bool settle = model.tensor_parallel().active();
+    const int64_t before = settle ? settled_bytes() : obs::CpuMemory::current_bytes();
     const at::Tensor kept = forward(output);
-    *activation = obs::CpuMemory::current_bytes() - before;
+    *activation = (settle ? settled_bytes() : obs::CpuMemory::current_bytes()) - before;
+  }
+
+  // The live bytes once the communication backend's threads are done with finished
+  // collectives: a c10d work (its future holds the collective's tensors) is released by
+  // the worker thread a moment after the caller's wait returns, so a tensor the forward
+  // dropped can still be live when it returns, or one from before be freed during it.
+  // Reads until two readings a millisecond apart agree (at most kSettleReadings).
+  static int64_t settled_bytes() {
+    constexpr int kSettleReadings = 50;
+    int64_t bytes = obs::CpuMemory::current_bytes();
+    for (int i = 0; i < kSettleReadings; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const int64_t again = obs::CpuMemory::current_bytes();
+      if (again == bytes) break;
+      bytes = again;
+    }
+    return bytes;
   }
 };
 
@@ -119,14 +145,18 @@ std::vector<at::Tensor> layer_parameters(const pipeline::Layer& layer) {
   return params;
 }
 
-double time_optimizer(const std::vector<at::Tensor>& params, int repeats) {
-  for (const auto& p : params)
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+// The optimizer phase (see profiler.h): clip, step, zero_grad, on fresh random gradients.
+double time_optimizer(const std::vector<at::Tensor>& params, int repeats, at::Generator& generator) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) grads.push_back(at::randn(p.sizes(), generator, p.options()));
   torch::optim::AdamW adamw(params, trainer_adamw_options());
   std::vector<double> times;
-  for (int r = 0; r <= repeats; ++r) {  // step 0 allocates the moments
+  for (int r = 0; r <= repeats; ++r) {  // round 0 allocates the moments
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].clone();
     const double start = obs::now_us();
+    optim::clip_grad_norm(params, kMaxGradNorm);
     adamw.step();
+    adamw.zero_grad();
     if (r > 0) times.push_back(seconds_since(start));
   }
   return median(times);
@@ -150,16 +180,19 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
-std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
+namespace {
+
+void check_layer_options(const LayerMeasureOptions& options) {
   options.model.validate();
   check_micro_batches(options.micro_batches);
   TRIREME_CHECK(options.repeats >= 1, "profiling needs at least one repeat, got ", options.repeats);
-  obs::CpuMemory::install();
+}
 
-  models::Gpt model(options.model, options.seed);
-  model->train();
-  model->set_split_backward(true);
-  const pipeline::LayerList layers = model->layers();
+// The rounds of profiler.h over `layers` (of `model`): per layer, its rows, ascending b.
+// Every rank of a tensor-parallel model runs the same operations in the same order.
+std::vector<std::vector<LayerTiming>> time_layers(const models::GptImpl& model,
+                                                  const pipeline::LayerList& layers,
+                                                  const LayerMeasureOptions& options) {
   const int64_t T = options.model.seq_len;
   const size_t n = layers.size();
   at::Generator generator = at::detail::createCPUGenerator(options.seed);
@@ -172,7 +205,7 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
   // back after a warm-up round, as training repeats one micro-batch size: alternating sizes
   // would keep the memory allocator growing and trimming its heap (page faults training
   // does not have).
-  std::vector<LayerProfile> profiles(n);
+  std::vector<std::vector<LayerTiming>> rows(n);
   const double start_us = obs::now_us();
   int rounds_done = 0;
   const int rounds = static_cast<int>(options.micro_batches.size()) * (options.repeats + 1);
@@ -194,7 +227,7 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
       if (kind != LayerKind::kHead)
         output_grad = at::randn(inputs[l + 1].sizes(), generator, inputs[l + 1].options()) /
                       std::sqrt(static_cast<double>(inputs[l + 1].numel()));
-      LayerRunner runner{layers[l], kind, *model, inputs[l], targets, output_grad, {}, {}};
+      LayerRunner runner{layers[l], kind, model, inputs[l], targets, output_grad, {}, {}};
       cells.push_back(Cell{std::move(runner), {}, {}, {}});
     }
 
@@ -212,20 +245,51 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
         cells[l].w.push_back(w[l]);
       }
     }
-    for (size_t l = 0; l < n; ++l) profiles[l].timings.push_back(cells[l].timing(micro_batch));
+    for (size_t l = 0; l < n; ++l) rows[l].push_back(cells[l].timing(micro_batch));
   }
+  return rows;
+}
 
-  for (size_t l = 0; l < n; ++l) {
+}  // namespace
+
+std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
+  check_layer_options(options);
+  obs::CpuMemory::install();
+
+  models::Gpt model(options.model, options.seed);
+  model->train();
+  model->set_split_backward(true);
+  const pipeline::LayerList layers = model->layers();
+  std::vector<std::vector<LayerTiming>> rows = time_layers(*model, layers, options);
+
+  std::vector<LayerProfile> profiles(layers.size());
+  at::Generator generator = at::detail::createCPUGenerator(options.seed + 1);
+  for (size_t l = 0; l < layers.size(); ++l) {
     LayerProfile& profile = profiles[l];
     profile.name = layers[l].name;
+    profile.timings = std::move(rows[l]);
     const std::vector<at::Tensor> params = layer_parameters(layers[l]);
     for (const auto& p : params) profile.parameters += p.numel();
     call(options.in_step);
-    profile.optimizer_s = time_optimizer(params, options.repeats);
-    for (const auto& p : params) p.mutable_grad() = at::Tensor();
+    profile.optimizer_s = time_optimizer(params, options.repeats, generator);
     if (options.on_layer) options.on_layer(profile);
   }
   return profiles;
+}
+
+std::vector<TensorParallelTimings> measure_tensor_parallel_layers(const LayerMeasureOptions& options,
+                                                                  const tensor::TensorParallel& tp) {
+  check_layer_options(options);
+  TRIREME_CHECK(tp.active() && tp.group, "measuring tensor-parallel layers needs a group of at least 2 ranks");
+  obs::CpuMemory::install();
+
+  models::Gpt model(options.model, options.seed, tp);  // throws for heads or vocab not divisible
+  model->train();
+  model->set_split_backward(true);
+  const pipeline::LayerList layers = model->layers();
+  std::vector<TensorParallelTimings> out;
+  for (auto& rows : time_layers(*model, layers, options)) out.push_back({tp.size, std::move(rows)});
+  return out;
 }
 
 std::vector<int64_t> message_sizes() {
@@ -335,6 +399,131 @@ Link fit_link(const std::vector<double>& bytes, const std::vector<double>& secon
   }
   TRIREME_CHECK(slope > 0, "measured times do not grow with message size; the link cannot be fitted");
   return Link{latency, 1 / slope};
+}
+
+namespace {
+
+// The overlap measurement's sizes (profiler.h): all-reduces of a gradient bucket's size,
+// a compute job long enough that timer and barrier jitter (tens of microseconds) and a
+// Gloo thread's wake-up are small beside it, and all-reduces taking about half of it, so
+// that they can hide entirely.
+constexpr int64_t kOverlapAllreduceBytes = 4 * 1024 * 1024;
+constexpr double kOverlapMinComputeS = 0.040;
+constexpr double kOverlapCommunicationShare = 0.5;
+constexpr int kOverlapCalibrationRuns = 3;
+
+void barrier(const dist::Group& group) {
+  dist::run_collective("profile barrier", [&] { return group->barrier(); });
+}
+
+// The largest of each rank's values: what every rank decides from, so that they agree.
+std::vector<double> max_over_ranks(const dist::Group& group, const std::vector<double>& values) {
+  std::vector<at::Tensor> buffer{at::tensor(values, at::kDouble)};
+  dist::run_collective("profile calibration all-reduce",
+                       [&] { return group->allreduce(buffer, c10d::AllreduceOptions{c10d::ReduceOp::MAX}); });
+  const at::Tensor t = buffer[0].contiguous();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+}  // namespace
+
+double overlap_share(double compute_s, double communication_s, double both_s) {
+  if (communication_s <= 0) return 0;
+  return std::clamp(1 - (both_s - compute_s) / communication_s, 0.0, 1.0);
+}
+
+OverlapMeasurement measure_overlap(const dist::Group& group, const std::function<void()>& compute,
+                                   int repeats) {
+  TRIREME_CHECK(group && group->getSize() >= 2, "measuring overlap needs a group of at least 2 ranks");
+  TRIREME_CHECK(repeats >= 1, "profiling needs at least one repeat, got ", repeats);
+  TRIREME_CHECK(static_cast<bool>(compute), "measuring overlap needs a compute job");
+  OverlapMeasurement m;
+  m.allreduce_bytes = kOverlapAllreduceBytes;
+  std::vector<at::Tensor> buckets;  // one tensor per all-reduce, so none waits on another's buffer
+
+  // Issues `count` all-reduces; returns their work handles.
+  const auto issue = [&](size_t count) {
+    while (buckets.size() < count) buckets.push_back(at::zeros({kOverlapAllreduceBytes / 4}, at::kFloat));
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (size_t i = 0; i < count; ++i) {
+      std::vector<at::Tensor> buffer{buckets[i]};
+      try {
+        works.push_back(group->allreduce(buffer));
+      } catch (const std::exception& e) {
+        TRIREME_THROW(CommError, "profile overlap all-reduce: ", dist::error_text(e));
+      }
+    }
+    return works;
+  };
+  const auto wait_all = [](const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+    for (const auto& work : works) dist::wait_work(work, "profile overlap all-reduce");
+  };
+
+  // Calibration: one job and one all-reduce, each the fastest of a few after a warm-up.
+  double job_s = 1e30, allreduce_s = 1e30;
+  for (int r = 0; r <= kOverlapCalibrationRuns; ++r) {
+    barrier(group);
+    double start = obs::now_us();
+    compute();
+    if (r > 0) job_s = std::min(job_s, seconds_since(start));
+    barrier(group);
+    start = obs::now_us();
+    wait_all(issue(1));
+    if (r > 0) allreduce_s = std::min(allreduce_s, seconds_since(start));
+  }
+  const std::vector<double> agreed = max_over_ranks(group, {job_s, allreduce_s});
+  job_s = std::max(agreed[0], 1e-6);
+  allreduce_s = std::max(agreed[1], 1e-6);
+  m.compute_runs = static_cast<int>(
+      std::ceil(std::max(kOverlapMinComputeS, 2 * allreduce_s) / job_s));
+  m.allreduces = std::max(
+      1, static_cast<int>(std::lround(kOverlapCommunicationShare * m.compute_runs * job_s / allreduce_s)));
+  const auto job = [&] {
+    for (int k = 0; k < m.compute_runs; ++k) compute();
+  };
+
+  std::vector<double> alone, communication, both;
+  for (int r = 0; r <= repeats; ++r) {  // round 0 warms up
+    barrier(group);
+    double start = obs::now_us();
+    job();
+    const double c = seconds_since(start);
+    barrier(group);
+    start = obs::now_us();
+    wait_all(issue(m.allreduces));
+    const double a = seconds_since(start);
+    barrier(group);
+    start = obs::now_us();
+    const auto works = issue(m.allreduces);
+    job();
+    wait_all(works);
+    const double ab = seconds_since(start);
+    if (r == 0) continue;
+    alone.push_back(c);
+    communication.push_back(a);
+    both.push_back(ab);
+  }
+  m.compute_s = median(alone);
+  m.communication_s = median(communication);
+  m.both_s = median(both);
+  m.overlap = overlap_share(m.compute_s, m.communication_s, m.both_s);
+  return m;
+}
+
+std::function<void()> block_step_job(const models::GptConfig& model, int64_t micro_batch, uint64_t seed) {
+  models::GptConfig one = model;
+  one.layers = 1;
+  models::Gpt gpt(one, seed);
+  gpt->train();
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  const auto shape = std::vector<int64_t>{micro_batch, model.seq_len, model.dim};  // (b,T,C)
+  const at::Tensor input = at::randn(shape, generator, at::kFloat);
+  const at::Tensor output_grad =
+      at::randn(shape, generator, at::kFloat) / std::sqrt(static_cast<double>(input.numel()));
+  const std::shared_ptr<models::BlockImpl> block = gpt->h->ptr<models::BlockImpl>(0);
+  return [block, input, output_grad] {
+    block->forward(input.detach().requires_grad_(true)).backward(output_grad);
+  };
 }
 
 double measure_matmul_tflops(int repeats, const std::function<void()>& in_step) {

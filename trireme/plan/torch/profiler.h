@@ -29,8 +29,37 @@
 //                     (the previous layer counted it). Read from the counting CPU
 //                     allocator (obs/memory.h), in a run after the timed ones.
 //   output_bytes      bytes of the layer's output tensor
-//   optimizer_s       one torch::optim::AdamW step over the layer's parameters, with the
-//                     trainer's options, median of `repeats` after a warm-up step
+//   optimizer_s       the trainer's optimizer phase over the layer's parameters
+//                     (cli/train_worker.cpp): optim::clip_grad_norm to norm 1.0 (one
+//                     process: no norm sharing), one torch::optim::AdamW step with the
+//                     trainer's options, zero_grad. Before each repeat (untimed) every
+//                     parameter gets a fresh copy of a fixed random gradient, as backward
+//                     leaves new gradients after zero_grad set them to none; its norm is far
+//                     above 1, so the clip scales them, as early in training. Median of
+//                     `repeats` after a warm-up (which allocates AdamW's moments).
+//
+// Tensor parallel (measure_tensor_parallel_layers): the same rounds and figures with the
+// model built split over a tensor-parallel group (models::Gpt with a tensor::TensorParallel,
+// Megatron-style: see parallel/tensor/tensor_parallel.h), every rank of the group running
+// them in step; each rank's times include the layer's tensor-parallel collectives. The
+// column- and row-parallel layers route through deferred_linear in split-backward mode
+// as the plain ones do, so B is the input gradient with its all-reduce (the column-parallel
+// layers' dX) and W the deferred weight gradients, which need no communication.
+//
+// Overlap (measure_overlap, Profile::overlap): how much of a collective's time hides under
+// concurrent compute. Every rank of the group measures in step, a barrier before each part:
+//   T_c     a compute job alone: `compute` (the command's: forward and full backward of one
+//           block at the largest micro-batch) run k times, k chosen so T_c >= 40 ms
+//   T_a     n sum all-reduces of 4 MiB fp32 tensors (a gradient bucket), issued back to back
+//           as c10d work handles and then all waited for, alone; n chosen so T_a ~ T_c / 2
+//   T_both  the same all-reduces issued, then the compute job on this thread while the
+//           backend's threads run them, then waiting for the all-reduces
+//   overlap = 1 - (T_both - T_c) / T_a, clamped to [0, 1]: the share of the communication
+//           that did not add to the step (1: it hid entirely; 0: the two ran one after the
+//           other). Defined for T_c >= T_a, which the choice of n ensures.
+// T_c, T_a and T_both are medians over `repeats` rounds after a warm-up round (a round
+// times the three in that order); k and n come from a calibration every rank agrees on
+// (the largest of the ranks' single-job and single-all-reduce times).
 //
 // Links (alpha-beta, plan::Link): message sizes from 4 bytes to 16 MiB (x4 apart); each
 // size's time is the median of single operations timed one by one, in `repeats` batches
@@ -51,6 +80,7 @@
 
 #include "trireme/dist/backend.h"
 #include "trireme/models/gpt_config.h"
+#include "trireme/parallel/tensor/tensor_parallel.h"
 #include "trireme/plan/profile.h"
 
 namespace trireme::plan {
@@ -73,6 +103,35 @@ struct LayerMeasureOptions {
 // allocator (obs::CpuMemory) if it is not installed. Throws InvalidArgument for a bad
 // model or an empty or non-ascending micro-batch list.
 std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options);
+
+// Each layer's timings with the model split over `tp` (see above), one entry per layer of
+// the layer list: {tp.size, rows}. A collective: every rank of tp.group calls it with the
+// same options (the same seed gives every rank the same inputs). on_layer is not called.
+// Throws InvalidArgument as measure_layers does, and when the heads or the vocabulary are
+// not divisible by tp.size or tp is not active.
+std::vector<TensorParallelTimings> measure_tensor_parallel_layers(const LayerMeasureOptions& options,
+                                                                  const tensor::TensorParallel& tp);
+
+// Overlap of all-reduces with compute (see above); a collective over `group`.
+struct OverlapMeasurement {
+  double compute_s = 0;       // T_c, median
+  double communication_s = 0; // T_a, median
+  double both_s = 0;          // T_both, median
+  int compute_runs = 0;       // k: calls of the compute job in T_c
+  int allreduces = 0;         // n: all-reduces in T_a
+  int64_t allreduce_bytes = 0;
+  double overlap = 0;         // 1 - (T_both - T_c) / T_a, in [0, 1]
+};
+// `compute` must do the same work on every call (and no communication over `group`).
+// in_step is not used: the measurement keeps the ranks in step with `group`'s barriers.
+OverlapMeasurement measure_overlap(const dist::Group& group, const std::function<void()>& compute,
+                                   int repeats);
+// overlap from the three times, clamped to [0, 1]; 0 when communication_s is not positive.
+double overlap_share(double compute_s, double communication_s, double both_s);
+// The command's compute job: forward and full backward (not split) of one block of the
+// reference GPT at micro-batch b, from a fixed random input and output gradient. The job
+// owns its block; the block's gradients accumulate from call to call.
+std::function<void()> block_step_job(const models::GptConfig& model, int64_t micro_batch, uint64_t seed);
 
 // Raw samples of a link and their fit.
 struct LinkMeasurement {
