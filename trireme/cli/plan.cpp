@@ -72,9 +72,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
                       plan::layer_time(layer, plan::Work::kBackwardWeight, l.micro_batch_size));
     l.split = pipeline::balance_partition(costs, l.pp * l.chunks);  // what train's --pp-balance time does
   }
-  for (int g = 0; g < static_cast<int>(cluster.groups.size()); ++g)
-    for (int i = 0; i < cluster.groups[g].devices(); ++i)
-      l.ranks.push_back({g, i / cluster.groups[g].devices_per_machine, i % cluster.groups[g].devices_per_machine});
+  l.ranks = plan::ranks_in_file_order(cluster, world);
   return l;
 }
 

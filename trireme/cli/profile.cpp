@@ -34,6 +34,7 @@
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/launch_flags.h"
+#include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/dist/world.h"
 #include "trireme/obs/clock.h"
@@ -72,11 +73,8 @@ struct ProfileOptions {
 // The model flags carry the names of `trireme train gpt`'s (cli/train_options.cpp), plus
 // --vocab and --mlp-ratio, which change the cost of a layer.
 void add_profile_command_flags(FlagParser& p, ProfileOptions* o) {
+  add_model_flags(p, &o->model);
   p.add("vocab", &o->model.vocab, "vocabulary size (256: the byte tokenizer)");
-  p.add("seq", &o->model.seq_len, "sequence length in tokens");
-  p.add("layers", &o->model.layers, "transformer blocks");
-  p.add("dim", &o->model.dim, "model width");
-  p.add("heads", &o->model.heads, "attention heads (must divide --dim)");
   p.add("mlp-ratio", &o->model.mlp_ratio, "MLP hidden width as a multiple of --dim");
   p.add("micro-batch-sizes", &o->micro_batch_sizes,
         "micro-batch sizes (sequences) to time each layer at, comma-separated");

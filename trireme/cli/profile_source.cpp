@@ -1,5 +1,6 @@
 #include "trireme/cli/profile_source.h"
 
+#include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/plan/cluster.h"
 
@@ -10,10 +11,7 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
   p.add("analytic", &s->analytic,
         "instead of --profile: a profile computed from the model's FLOPs at a catalog device's peak (e.g. A100)");
   p.add("utilisation", &s->utilisation, "with --analytic: achieved share of the device's peak FLOPs");
-  p.add("layers", &s->model.layers, "with --analytic: transformer blocks");
-  p.add("dim", &s->model.dim, "with --analytic: model width");
-  p.add("heads", &s->model.heads, "with --analytic: attention heads");
-  p.add("seq", &s->model.seq_len, "with --analytic: sequence length");
+  add_model_flags(p, &s->model);  // with --analytic: the model's shape
   p.add("vocab", &s->model.vocab, "with --analytic: vocabulary size");
 }
 

@@ -55,8 +55,7 @@ std::vector<double> fixed_rates(const plan::Profile& profile, const plan::Cluste
     } else {
       l.split = {{0, static_cast<int>(profile.layers.size())}};
     }
-    const plan::MachineGroup& g = shrunk.groups[0];
-    for (int r = 0; r < l.world(); ++r) l.ranks.push_back({0, r / g.devices_per_machine, r % g.devices_per_machine});
+    l.ranks = plan::ranks_in_file_order(shrunk, l.world());
     const plan::Estimate e = plan::estimate(profile, shrunk, l, cost);
     if (e.fits) rates[n] = e.samples_per_s(l.global_batch());
   }

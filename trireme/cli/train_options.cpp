@@ -9,11 +9,15 @@
 
 namespace trireme::cli {
 
+void add_model_flags(FlagParser& p, models::GptConfig* model) {
+  p.add("layers", &model->layers, "transformer blocks");
+  p.add("dim", &model->dim, "model width");
+  p.add("heads", &model->heads, "attention heads (must divide --dim)");
+  p.add("seq", &model->seq_len, "sequence length in tokens");
+}
+
 void add_train_flags(FlagParser& p, TrainOptions* o) {
-  p.add("layers", &o->model.layers, "transformer blocks");
-  p.add("dim", &o->model.dim, "model width");
-  p.add("heads", &o->model.heads, "attention heads (must divide --dim)");
-  p.add("seq", &o->model.seq_len, "sequence length in bytes");
+  add_model_flags(p, &o->model);
   p.add("steps", &o->steps, "optimizer steps");
   p.add("batch", &o->batch, "global batch in sequences, split across data-parallel ranks");
   p.add("micro-batches", &o->micro_batches,

@@ -52,6 +52,10 @@ struct TrainOptions {
   bool quiet = false;
 };
 
+// Registers the model-shape flags --layers --dim --heads --seq (shared by train, profile
+// and plan).
+void add_model_flags(FlagParser& parser, models::GptConfig* model);
+
 // Registers every training flag on `parser`, bound to `options`.
 void add_train_flags(FlagParser& parser, TrainOptions* options);
 

@@ -116,4 +116,21 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
+nlohmann::ordered_json model_json(const models::GptConfig& m) {
+  return {{"vocab", m.vocab},   {"seq_len", m.seq_len}, {"layers", m.layers},
+          {"dim", m.dim},       {"heads", m.heads},     {"mlp_ratio", m.mlp_ratio}};
+}
+
+models::GptConfig read_model(const Field& f) {
+  f.only({"vocab", "seq_len", "layers", "dim", "heads", "mlp_ratio"});
+  models::GptConfig m;
+  m.vocab = f.at("vocab").integer(1);
+  m.seq_len = f.at("seq_len").integer(1);
+  m.layers = f.at("layers").integer(1);
+  m.dim = f.at("dim").integer(1);
+  m.heads = f.at("heads").integer(1);
+  m.mlp_ratio = f.integer_or("mlp_ratio", 1, 4);
+  return m;
+}
+
 }  // namespace trireme::plan

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "trireme/models/gpt_config.h"
+
 namespace trireme::plan {
 
 class Field {
@@ -56,5 +58,10 @@ class Field {
 };
 
 std::string read_text_file(const std::string& path);
+
+// The model's shape as profiles and plans write it: {"vocab", "seq_len", "layers", "dim",
+// "heads", "mlp_ratio"}.
+nlohmann::ordered_json model_json(const models::GptConfig& model);
+models::GptConfig read_model(const Field& field);
 
 }  // namespace trireme::plan

@@ -59,13 +59,7 @@ std::string to_json(const Plan& p) {
       {"format", 1},
       {"cluster", p.cluster},
       {"profile", p.profile},
-      {"model",
-       {{"vocab", p.model.vocab},
-        {"seq_len", p.model.seq_len},
-        {"layers", p.model.layers},
-        {"dim", p.model.dim},
-        {"heads", p.model.heads},
-        {"mlp_ratio", p.model.mlp_ratio}}},
+      {"model", model_json(p.model)},
       {"global_batch", p.global_batch},
       {"layout", layout},
       {"ranks", ranks},
@@ -86,14 +80,7 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   Plan p;
   p.cluster = root.str_or("cluster", "");
   p.profile = root.str_or("profile", "");
-  const Field model = root.at("model");
-  model.only({"vocab", "seq_len", "layers", "dim", "heads", "mlp_ratio"});
-  p.model.vocab = model.at("vocab").integer(1);
-  p.model.seq_len = model.at("seq_len").integer(1);
-  p.model.layers = model.at("layers").integer(1);
-  p.model.dim = model.at("dim").integer(1);
-  p.model.heads = model.at("heads").integer(1);
-  p.model.mlp_ratio = model.integer_or("mlp_ratio", 1, 4);
+  p.model = read_model(root.at("model"));
   p.global_batch = root.at("global_batch").integer(1);
   const Field l = root.at("layout");
   l.only({"dp", "tp", "pp", "schedule", "chunks", "micro_batches", "micro_batch_size", "zero", "pp_split"});

@@ -125,13 +125,7 @@ std::string to_json(const Profile& p) {
       {"device", p.device},
       {"reference_tflops", p.reference_tflops},
       {"threads", p.threads},
-      {"model",
-       {{"vocab", p.model.vocab},
-        {"seq_len", p.model.seq_len},
-        {"layers", p.model.layers},
-        {"dim", p.model.dim},
-        {"heads", p.model.heads},
-        {"mlp_ratio", p.model.mlp_ratio}}},
+      {"model", model_json(p.model)},
       {"state_bytes",
        {{"param", p.state.param}, {"grad", p.state.grad}, {"optimizer", p.state.optimizer}}},
       {"p2p", link_json(p.p2p)},
@@ -155,14 +149,7 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   p.device = root.str_or("device", p.device);
   p.reference_tflops = root.at("reference_tflops").positive();
   p.threads = static_cast<int>(root.integer_or("threads", 1, 1));
-  const Field model = root.at("model");
-  model.only({"vocab", "seq_len", "layers", "dim", "heads", "mlp_ratio"});
-  p.model.vocab = model.at("vocab").integer(1);
-  p.model.seq_len = model.at("seq_len").integer(1);
-  p.model.layers = model.at("layers").integer(1);
-  p.model.dim = model.at("dim").integer(1);
-  p.model.heads = model.at("heads").integer(1);
-  p.model.mlp_ratio = model.integer_or("mlp_ratio", 1, 4);
+  p.model = read_model(root.at("model"));
   if (root.has("state_bytes")) {
     const Field s = root.at("state_bytes");
     s.only({"param", "grad", "optimizer"});

@@ -98,16 +98,16 @@ std::vector<DeviceSlot> place_by_groups(const Cluster& cluster, const std::vecto
   return ranks;
 }
 
-// Rank r on the r-th device of the cluster file.
-std::vector<DeviceSlot> place_in_file_order(const Cluster& cluster) {
+}  // namespace
+
+std::vector<DeviceSlot> ranks_in_file_order(const Cluster& cluster, int count) {
   std::vector<DeviceSlot> ranks;
   for (int g = 0; g < static_cast<int>(cluster.groups.size()); ++g)
-    for (int i = 0; i < cluster.groups[g].devices(); ++i)
+    for (int i = 0; i < cluster.groups[g].devices() && static_cast<int>(ranks.size()) < count; ++i)
       ranks.push_back({g, i / cluster.groups[g].devices_per_machine, i % cluster.groups[g].devices_per_machine});
+  TRIREME_CHECK(static_cast<int>(ranks.size()) == count, "the cluster has ", ranks.size(), " devices, not ", count);
   return ranks;
 }
-
-}  // namespace
 
 std::vector<pipeline::LayerRange> balance_for_speeds(const std::vector<double>& costs,
                                                      const std::vector<double>& speeds) {
@@ -261,7 +261,7 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
     }
     if (!o.aware) {
       // Symmetric: rank r on the r-th device, pp over the file order, layers split evenly.
-      const std::vector<DeviceSlot> ranks = place_in_file_order(cluster);
+      const std::vector<DeviceSlot> ranks = ranks_in_file_order(cluster, total);
       for (int64_t pp : divisors(total)) {
         if (pp > layers) continue;
         for (int64_t tp : divisors(total / pp)) {

@@ -70,6 +70,10 @@ std::string describe(const Layout& layout);
 // "dp 2 x tp 1 x pp 2, 1f1b, zero 0": the family a runner-up stands for.
 std::string family(const Layout& layout);
 
+// Rank r on the r-th device of the cluster file (groups in order, machines in turn), for
+// the first `count` ranks. Throws when the cluster has fewer devices.
+std::vector<DeviceSlot> ranks_in_file_order(const Cluster& cluster, int count);
+
 // Contiguous split of the layers into speeds.size() parts, part i running at speeds[i]:
 // minimises the slowest part's time, sum of costs / speed. Deterministic like
 // pipeline::balance_partition (which is the case of equal speeds).
