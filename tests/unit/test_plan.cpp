@@ -90,7 +90,7 @@ TEST(PlanCluster, ReadsCatalogDevicesAndOverrides) {
   const Cluster c = parse_cluster(R"({"groups": [
       {"name": "fast", "device": "A100", "machines": 2, "devices_per_machine": 8,
        "inter_bandwidth_gbps": 200, "price_per_hour": 32, "spot": true, "preemptions_per_hour": 0.1},
-      {"device": "V100", "machines": 1, "devices_per_machine": 8, "memory_gib": 16}]})",
+      {"device": "V100", "machines": 1, "devices_per_machine": 8, "memory_gib": 16, "inter_bandwidth_gbps": 100}]})",
                                   "c.json");
   ASSERT_EQ(c.groups.size(), 2u);
   EXPECT_EQ(c.devices(), 24);
@@ -123,6 +123,11 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
   EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1, "gpus": 8}]})").find("groups[0].gpus is not a known field"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"groups": [)").find("c.json: not valid JSON"), std::string::npos);
+  // Machines of catalog devices talk over a network the file must describe.
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1, "inter_bandwidth_gbps": 100},
+                                    {"device": "V100", "machines": 1}]})")
+                .find("c.json: groups[1].inter_bandwidth_gbps is missing"),
+            std::string::npos);
 }
 
 // A 2-stage pipeline with known times gives the known makespan.
@@ -198,9 +203,17 @@ TEST(PlanCostModel, ZeroShardsOptimizerStateAndGradients) {
   const StageCost one = estimate(p, c, l).stages[0];
   l.zero = 2;
   const StageCost two = estimate(p, c, l).stages[0];
+  // What the trainer refuses, the cost model refuses too: ZeRO needs a data-parallel group.
+  Layout alone = l;
+  alone.dp = 1;
+  alone.ranks.resize(1);
+  EXPECT_THROW(estimate(p, local_cluster(1), alone), InvalidArgument);
   EXPECT_DOUBLE_EQ(one.optimizer_bytes, none.optimizer_bytes / 2);
+  // Gradients and DataParallel's bucket buffers (a second copy) under ZeRO 0 and 1; ZeRO-2
+  // keeps half the gradients and no buffers.
+  EXPECT_DOUBLE_EQ(none.grad_bytes, 2 * 4.0 * 4000);
   EXPECT_DOUBLE_EQ(one.grad_bytes, none.grad_bytes);
-  EXPECT_DOUBLE_EQ(two.grad_bytes, none.grad_bytes / 2);
+  EXPECT_DOUBLE_EQ(two.grad_bytes, none.grad_bytes / 4);
 }
 
 TEST(PlanSearch, BalanceForSpeedsGivesTheSlowPartFewerLayers) {
@@ -292,6 +305,10 @@ TEST(PlanFile, RoundTripCarriesTheLayoutAndTheEmulatedSlowdown) {
   EXPECT_DOUBLE_EQ(slowdown_of(flag, 1 - slow_rank), 1.0);
   EXPECT_THROW(slowdown_of("1:0.5", 1), InvalidArgument);
   EXPECT_THROW(slowdown_of("one:2", 1), InvalidArgument);
+  EXPECT_THROW(slowdown_of("1:2x", 1), InvalidArgument);
+  EXPECT_THROW(slowdown_of("1:inf", 1), InvalidArgument);
+  EXPECT_THROW(check_slowdown("2:1.5", 2), InvalidArgument);  // no rank 2 in a world of 2
+  EXPECT_NO_THROW(check_slowdown("1:1.5", 2));
 }
 
 TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {

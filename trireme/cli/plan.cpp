@@ -8,6 +8,7 @@
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
 #include "trireme/cli/profile_source.h"
+#include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/obs/plot.h"
 #include "trireme/plan/plan.h"
@@ -57,6 +58,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   l.chunks = f.chunks;
   l.zero = f.zero;
   l.micro_batches = static_cast<int>(f.micro_batches);
+  TRIREME_CHECK(l.micro_batches >= 1 && f.global_batch >= 1, "--micro-batches and --global-batch must be at least 1");
   TRIREME_CHECK(f.global_batch % (int64_t{l.dp} * l.micro_batches) == 0, "--global-batch ", f.global_batch,
                 " is not divisible by dp x --micro-batches = ", l.dp * l.micro_batches);
   l.micro_batch_size = static_cast<int>(f.global_batch / (l.dp * l.micro_batches));
@@ -172,11 +174,15 @@ int plan_main(const std::vector<std::string>& args) {
     if (f.compare_symmetric) {
       plan::SearchOptions symmetric = options;
       symmetric.aware = false;
-      const plan::SearchResult sym = plan::search(profile, cluster, symmetric);
-      std::printf("best symmetric layout (devices in file order, even split): %s\n",
-                  plan::describe(sym.best.layout).c_str());
-      std::printf("  predicted step %s; the chosen layout is %.2fx faster\n", ms(sym.best.estimate.step_s).c_str(),
-                  sym.best.estimate.step_s / chosen.estimate.step_s);
+      try {
+        const plan::SearchResult sym = plan::search(profile, cluster, symmetric);
+        std::printf("best symmetric layout (devices in file order, even split): %s\n",
+                    plan::describe(sym.best.layout).c_str());
+        std::printf("  predicted step %s; the chosen layout is %.2fx faster\n", ms(sym.best.estimate.step_s).c_str(),
+                    sym.best.estimate.step_s / chosen.estimate.step_s);
+      } catch (const InvalidArgument& e) {
+        std::printf("no symmetric layout fits: %s\n", e.what());
+      }
     }
     if (!r.rejected.empty()) {
       std::printf("do not fit:\n");
@@ -187,6 +193,10 @@ int plan_main(const std::vector<std::string>& args) {
   }
   if (!f.out.empty()) {
     const plan::Plan p = plan::make_plan(profile, cluster, chosen);
+    // What the trainer would refuse is not written (--evaluate takes any layout).
+    TrainOptions run_as;
+    apply_plan(p, f.out, &run_as);
+    validate_train_options(&run_as, p.world());
     obs::write_text_file(f.out, plan::to_json(p));
     std::printf("wrote %s; run it: trireme train gpt --nproc-per-node %d --plan %s\n", f.out.c_str(),
                 p.world(), f.out.c_str());

@@ -101,7 +101,7 @@ int simulate_main(const std::vector<std::string>& args) {
   const models::GptConfig& a = p.model;
   const models::GptConfig& b = profile.model;
   TRIREME_CHECK(a.layers == b.layers && a.dim == b.dim && a.heads == b.heads && a.seq_len == b.seq_len &&
-                    a.vocab == b.vocab,
+                    a.vocab == b.vocab && a.mlp_ratio == b.mlp_ratio,
                 f.plan, " is for a model of ", a.layers, " layers, dim ", a.dim, ", but the profile is of ", b.layers,
                 " layers, dim ", b.dim, "; give the profile the plan was made from");
   TRIREME_CHECK(cluster.groups.size() == 1, f.cluster, ": the replay needs a cluster of one group of spot machines (it has ",

@@ -61,6 +61,8 @@ int train_main(const std::vector<std::string>& args) {
   const int world_size = launch_options.nproc_per_node * launch_options.nnodes;
   if (launch::elastic(launch_options)) {
     // Every size the job may shrink to must run: tp and pp stay, dp follows the nodes.
+    TRIREME_CHECK(opt.plan.empty(), "--plan fixes the layout for one size; an elastic job (--nnodes MIN:MAX) "
+                  "chooses dp per generation: drop --plan or give --nnodes N");
     TRIREME_CHECK(opt.dp == 0, "--dp is chosen per generation in an elastic job (--nnodes MIN:MAX); drop --dp");
     TRIREME_CHECK(opt.zero == 0 || (opt.tp == 1 && opt.pp == 1),
                   "--zero with --nnodes MIN:MAX re-shards the optimizer state over the ranks present only under "

@@ -91,10 +91,11 @@ void validate_pipeline_options(TrainOptions* o) {
   if (!o->pp_split.empty()) pipeline::parse_split(o->pp_split, static_cast<int>(layers), static_cast<int>(parts));
 }
 
-// --plan: the plan's layout replaces the layout flags (idempotent: every rank applies it).
-void apply_plan(TrainOptions* o) {
-  if (o->plan.empty()) return;
-  const plan::Plan p = plan::read_plan(o->plan);
+}  // namespace
+
+void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o) {
+  TRIREME_CHECK(p.model.vocab >= 256, origin, ": the model's vocabulary is ", p.model.vocab,
+                " but training reads bytes (256 symbols); plan a model with vocab 256 or more");
   o->model.vocab = p.model.vocab;
   o->model.seq_len = p.model.seq_len;
   o->model.layers = p.model.layers;
@@ -115,11 +116,9 @@ void apply_plan(TrainOptions* o) {
   o->predicted_step_s = p.predicted_step_s;
 }
 
-}  // namespace
-
 void validate_train_options(TrainOptions* o, int world_size) {
-  apply_plan(o);
-  plan::slowdown_of(o->emulate_slowdown, 0);  // throws naming a malformed --emulate-slowdown
+  // --plan: the plan's layout replaces the layout flags (idempotent: every rank applies it).
+  if (!o->plan.empty()) apply_plan(plan::read_plan(o->plan), o->plan, o);
   o->model.validate();
   TRIREME_CHECK(o->device == "cpu" || o->device == "cuda", "--device ", o->device,
                 " is not known; use cpu or cuda");
@@ -136,6 +135,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->dp >= 1 && o->dp * o->tp * o->pp == world_size, "--dp ", o->dp, " x --tp ",
                 o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",
                 world_size, " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
+  plan::check_slowdown(o->emulate_slowdown, world_size);
   TRIREME_CHECK(o->batch % o->dp == 0, "--batch ", o->batch, " is not divisible by ", o->dp,
                 " data-parallel ranks; choose a multiple of ", o->dp);
   const int64_t local = o->batch / o->dp;

@@ -8,6 +8,7 @@
 
 #include "trireme/cli/flags.h"
 #include "trireme/models/gpt_config.h"
+#include "trireme/plan/plan.h"
 
 namespace trireme::cli {
 
@@ -58,6 +59,10 @@ void add_model_flags(FlagParser& parser, models::GptConfig* model);
 
 // Registers every training flag on `parser`, bound to `options`.
 void add_train_flags(FlagParser& parser, TrainOptions* options);
+
+// The layout, global batch and model shape of a plan (and its emulated slowdowns unless
+// --emulate-slowdown is given); `origin` names the plan in errors.
+void apply_plan(const plan::Plan& plan, const std::string& origin, TrainOptions* options);
 
 // Checks everything that can be checked before starting processes, given the world size
 // the launch will produce. Throws InvalidArgument with one line naming the flag.

@@ -240,6 +240,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::unique_ptr<TrainEngine> engine =
       opt.pp > 1 ? make_pipeline_engine(opt, world, groups, device)
                  : make_data_parallel_engine(opt, groups, device);
+  const EmulatedSlowdown slowdown(opt, rank);
   // AdamW over this rank's parameters, or under --zero over the pieces it owns.
   const auto adamw_options =
       torch::optim::AdamWOptions(opt.lr).betas({0.9, 0.95}).weight_decay(opt.weight_decay);
@@ -390,6 +391,7 @@ int train_worker_main(const std::vector<std::string>& args) {
       adamw->zero_grad();
       memory.optimizer_state = parallel::adamw_state_bytes(*adamw);
     }
+    slowdown.after((obs::now_us() - o0) * 1e-6);  // an emulated slower device's optimizer too
     const double o1 = obs::now_us();
     times.optimizer_us = o1 - o0;
     if (tracing)

@@ -1,5 +1,7 @@
 #include "trireme/plan/cluster.h"
 
+#include <unistd.h>
+
 #include "trireme/common/error.h"
 #include "trireme/plan/json_reader.h"
 
@@ -89,8 +91,8 @@ MachineGroup read_group(const Field& f) {
   if (f.has("inter_bandwidth_gbps"))
     g.inter.bandwidth_Bps = f.at("inter_bandwidth_gbps").positive() * 1e9 / 8;
   g.inter.latency_s = f.non_negative_or("inter_latency_us", 5) * 1e-6;
-  if (g.machines > 1 && g.inter.bandwidth_Bps == 0 && known)
-    f.at("inter_bandwidth_gbps").fail("is needed when a group has several machines");
+  if (f.has("inter_latency_us") && !f.has("inter_bandwidth_gbps"))
+    f.at("inter_latency_us").fail("is given without inter_bandwidth_gbps; give both");
   g.price_per_hour = f.non_negative_or("price_per_hour", 0);
   g.spot = f.boolean_or("spot", false);
   g.preemptions_per_hour = f.non_negative_or("preemptions_per_hour", 0);
@@ -110,6 +112,15 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   c.name = root.str_or("name", origin);
   for (const Field& g : root.at("groups").items()) c.groups.push_back(read_group(g));
   if (c.groups.empty()) root.at("groups").fail("is empty; describe at least one group of machines");
+  // Traffic between machines of catalog devices needs the network's figures: without them
+  // the profile's own (this machine's loopback) link would stand in for it.
+  const std::vector<Field> groups = root.at("groups").items();
+  for (size_t i = 0; i < c.groups.size(); ++i) {
+    const MachineGroup& g = c.groups[i];
+    const bool catalog = g.intra.bandwidth_Bps > 0;
+    if (catalog && c.machines() > 1 && g.inter.bandwidth_Bps == 0)
+      groups[i].at("inter_bandwidth_gbps").fail("is needed: the cluster has several machines");
+  }
   for (size_t i = 0; i < c.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (c.groups[i].name == c.groups[j].name)
@@ -129,7 +140,9 @@ Cluster local_cluster(int devices) {
   g.device = "cpu";
   g.devices_per_machine = devices;
   g.relative_speed = 1;
-  g.memory_bytes = 16.0 * 1024 * 1024 * 1024;
+  // The ranks share the host's memory.
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  g.memory_bytes = (host > 0 ? host : 16.0 * 1024 * 1024 * 1024) / devices;
   Cluster c;
   c.name = "this machine";
   c.groups.push_back(g);

@@ -83,8 +83,8 @@ const DeviceSpec& find_device(const std::string& name);
 Cluster parse_cluster(const std::string& text, const std::string& origin);
 Cluster read_cluster(const std::string& path);
 
-// A one-group cluster of `devices` equal ranks on one machine, measured links: what
-// `trireme plan --local N` plans for.
+// A one-group cluster of `devices` equal ranks on one machine, measured links, the host's
+// memory shared among them: what `trireme plan --local N` plans for.
 Cluster local_cluster(int devices);
 
 }  // namespace trireme::plan

@@ -18,13 +18,12 @@ using pipeline::Instruction;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The profile's all-reduce link is a "bus" figure measured at its world size w0: an
-// all-reduce there took latency + n/bandwidth. A ring takes 2(w-1) steps of n/w bytes, so
-// per step: latency / (2(w0-1)) and the same bandwidth scaled by w0 / (2(w0-1)).
+// The profile's all-reduce link is a bus figure measured at world size w0: an all-reduce
+// of n bytes took latency + 2(w0-1)/w0 n / bandwidth, which is a ring of 2(w0-1) steps of
+// n/w0 bytes at that bandwidth; per step the latency is latency / (2(w0-1)).
 Link ring_step_link(const Profile& profile) {
   const double w0 = std::max(2, profile.allreduce_world);
-  return Link{profile.allreduce.latency_s / (2 * (w0 - 1)),
-              profile.allreduce.bandwidth_Bps * w0 / (2 * (w0 - 1)) };
+  return Link{profile.allreduce.latency_s / (2 * (w0 - 1)), profile.allreduce.bandwidth_Bps};
 }
 
 Link intra_link(const Profile& profile, const MachineGroup& g, bool collective) {
@@ -54,6 +53,10 @@ void check_layout(const Profile& profile, const Cluster& cluster, const Layout& 
   TRIREME_CHECK(layout.micro_batches >= 1 && layout.micro_batch_size >= 1,
                 "a layout needs micro_batches and micro_batch_size >= 1");
   TRIREME_CHECK(layout.zero >= 0 && layout.zero <= 2, "zero must be 0, 1 or 2");
+  TRIREME_CHECK(layout.zero == 0 || layout.dp > 1, "ZeRO shards over the data-parallel group, which has 1 rank; use dp 2 or more, or zero 0");
+  TRIREME_CHECK(layout.chunks == 1 || layout.pp > 1, "chunks ", layout.chunks, " need a pipeline (pp 2 or more, interleaved)");
+  TRIREME_CHECK(profile.model.heads % layout.tp == 0 && profile.model.vocab % layout.tp == 0, "tp ", layout.tp,
+                " does not divide the model's heads (", profile.model.heads, ") and vocabulary (", profile.model.vocab, ")");
   TRIREME_CHECK(static_cast<int>(layout.ranks.size()) == layout.world(), "the layout places ",
                 layout.ranks.size(), " ranks but dp*tp*pp = ", layout.world());
   for (const DeviceSlot& d : layout.ranks) {
@@ -96,7 +99,7 @@ double Estimate::peak_memory_bytes() const {
 }
 
 double allreduce_time(const Profile& profile, const Cluster& cluster,
-                      const std::vector<DeviceSlot>& members, double bytes) {
+                      const std::vector<DeviceSlot>& members, double bytes, int sharing) {
   const int w = static_cast<int>(members.size());
   if (w <= 1 || bytes <= 0) return 0.0;
   std::map<std::pair<int, int>, int> per_machine;
@@ -113,6 +116,7 @@ double allreduce_time(const Profile& profile, const Cluster& cluster,
   }
   const int machines = static_cast<int>(per_machine.size());
   if (machines == 1) return ring(w, intra, bytes);
+  inter.bandwidth_Bps /= std::max(1, sharing);
   int k = 0;
   for (const auto& [machine, count] : per_machine) k = std::max(k, count);
   const double flat = ring(w, slower(intra, inter), bytes);
@@ -191,9 +195,14 @@ ReplayResult replay(const pipeline::ScheduleSpec& spec, const InstructionTimes& 
         } else if (const auto* b = std::get_if<BackwardInput>(&in)) {
           backward_done[micro][vs] = end;
           --live[s];
-          live_bytes[s] -= act(s, chunk);
-          if (b->with_weights) r.last_backward[s][chunk] = {start, end};
+          // A split backward keeps the linear layers' inputs for W: the bytes stay live
+          // until then (an upper bound: B frees the rest).
+          if (b->with_weights) {
+            live_bytes[s] -= act(s, chunk);
+            r.last_backward[s][chunk] = {start, end};
+          }
         } else {
+          live_bytes[s] -= act(s, chunk);
           r.last_backward[s][chunk] = {start, end};
         }
         ++next[s];
@@ -233,6 +242,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   times.forward.assign(p, std::vector<double>(v, 0));
   times.backward_input = times.backward_weight = times.backward_full = times.activation_bytes =
       times.forward;
+  std::vector<double> tp_comm(p, 0);  // modelled tensor-parallel collectives per step
   for (int s = 0; s < p; ++s) {
     StageCost& sc = e.stages[s];
     sc.speed = 1e300;
@@ -258,16 +268,28 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
         return t;
       };
       double tp_forward = 0, tp_backward = 0;
-      if (tp > 1 && !measured_tp)
+      if (tp > 1 && !measured_tp) {
+        // Megatron's collectives, as parallel/tensor runs them: a block all-reduces its
+        // (b,T,C) output of attention and of the MLP in forward and their input gradients
+        // in backward; the vocabulary-parallel embedding all-reduces its output; the head's
+        // column-parallel input gradient is all-reduced in backward, and its
+        // vocabulary-parallel loss all-reduces two (b,T) tensors in forward.
+        const double hidden = b * profile.model.seq_len * profile.model.dim * 4.0;
+        const double hidden_t = allreduce_time(profile, cluster, tp_members, hidden);
+        const double small_t = allreduce_time(profile, cluster, tp_members, b * profile.model.seq_len * 4.0);
         for (int l = range.begin; l < range.end; ++l) {
-          const LayerProfile& layer = profile.layers[l];
-          const double hidden = layer_output_bytes(layer, b);
-          const int per_pass = layer.name.rfind("h.", 0) == 0 ? 2 : 1;  // blocks: attention + MLP
-          const double t = allreduce_time(profile, cluster, tp_members,
-                                          layer.name == "head" ? b * profile.model.seq_len * 4.0 : hidden);
-          tp_forward += per_pass * t;
-          tp_backward += per_pass * t;
+          const std::string& name = profile.layers[l].name;
+          if (name.rfind("h.", 0) == 0) {
+            tp_forward += 2 * hidden_t;
+            tp_backward += 2 * hidden_t;
+          } else if (name == "embeddings") {
+            tp_forward += hidden_t;
+          } else if (name == "head") {
+            tp_forward += 2 * small_t;
+            tp_backward += hidden_t;
+          }
         }
+      }
       times.forward[s][c] = work_sum(Work::kForward) * scale + tp_forward;
       times.backward_input[s][c] = work_sum(Work::kBackwardInput) * scale + tp_backward;
       times.backward_weight[s][c] = work_sum(Work::kBackwardWeight) * scale;
@@ -275,7 +297,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       double act = 0;
       for (int l = range.begin; l < range.end; ++l) act += layer_activation_bytes(profile.layers[l], b);
       times.activation_bytes[s][c] = act / tp;
-      if (s == 0 || p > 1) e.tp_comm_s = std::max(e.tp_comm_s, (tp_forward + tp_backward) * layout.micro_batches);
+      tp_comm[s] += (tp_forward + tp_backward) * layout.micro_batches;
     }
   }
   const int parts = p * v;
@@ -304,6 +326,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   }
   const ReplayResult rep = replay(spec, times);
   e.makespan_s = rep.makespan_s;
+  e.tp_comm_s = *std::max_element(tp_comm.begin(), tp_comm.end());
 
   // Two scalar all-reduces close every step: the gradient norm's and the loss's.
   const double closing_s = 2 * allreduce_time(profile, cluster, layout.ranks, 8);
@@ -336,7 +359,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       double cap = options.first_bucket_mb * 1024 * 1024;
       auto flush = [&] {
         if (bucket_bytes <= 0) return;
-        const double t = collective_share * allreduce_time(profile, cluster, dp_members, bucket_bytes);
+        const double t = collective_share * allreduce_time(profile, cluster, dp_members, bucket_bytes, tp);
         comm_free = std::max(comm_free, bucket_ready) + t;
         sc.sync_total_s += t;
         bucket_bytes = 0;
@@ -367,7 +390,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     sc.optimizer_s = optimizer_s;
     if (layout.zero > 0 && dp > 1) {
       sc.optimizer_s = optimizer_s / dp +
-                       0.5 * allreduce_time(profile, cluster, dp_members, params * profile.state.param);
+                       0.5 * allreduce_time(profile, cluster, dp_members, params * profile.state.param, tp);
     }
     sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s + sc.optimizer_s + closing_s;
     e.step_s = std::max(e.step_s, sc.end_s);
@@ -375,6 +398,9 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     const double shard = (layout.zero > 0 && dp > 1) ? dp : 1;
     sc.param_bytes = params * profile.state.param;
     sc.grad_bytes = params * profile.state.grad / (layout.zero == 2 && dp > 1 ? dp : 1);
+    // DataParallel's flat bucket buffers: a second gradient-sized copy unless ZeRO-2
+    // reduce-scatters into the shards.
+    if (dp > 1 && layout.zero < 2) sc.grad_bytes += params * profile.state.grad;
     sc.optimizer_bytes = params * profile.state.optimizer / shard;
     sc.activation_bytes = rep.peak_activation_bytes[s];
     const double usable = sc.device_memory_bytes * (1 - options.memory_reserve);

@@ -15,8 +15,9 @@
 //      boundary activation). Compute times are the profile's per-layer times at b, divided
 //      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
 //      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
-//      (two in each block's forward and two in its backward, one for the embeddings,
-//      the loss's three small ones). The slowest replica of a stage
+//      (two (b,T,C) ones in each block's forward and two in its backward, one in the
+//      embeddings' forward, the head's input gradient, the loss's two small ones). The
+//      slowest replica of a stage
 //      sets its times (synchronous training waits for it). pp 1 is the same replay with
 //      one stage (m micro-batches of accumulation).
 //   2. data-parallel gradient sync: the stage's gradients are cut into buckets (25 MiB,
@@ -33,10 +34,13 @@
 //      and the two scalar all-reduces every step ends with (gradient norm, loss).
 // Step time = the slowest stage's (1) + exposed (2) + (3).
 //
-// Memory per device = parameters + gradients (ZeRO 2: /dp) + optimizer state (ZeRO 1/2:
-// /dp), all /tp, + peak live micro-batches of the stage (forwarded, not yet backwarded,
-// from the same replay) x the activation bytes of its layers / tp. Over the device's
-// memory (less a reserve) the layout does not fit, and the estimate says why.
+// Memory per device = parameters + gradients (ZeRO 2: /dp; dp > 1 without ZeRO-2 adds
+// DataParallel's gradient-sized bucket buffers) + optimizer state (ZeRO 1/2: /dp), all
+// /tp, + the peak of live activation bytes in the same replay (a micro-batch's from its F
+// to its B, or to its W under a split backward, whose W still needs the saved inputs).
+// Over the device's memory (less a reserve) the layout does not fit, and the estimate
+// says why. Cross-machine traffic of the tp ranks' concurrent data-parallel groups shares
+// the machines' network.
 #pragma once
 
 #include <string>
@@ -97,7 +101,8 @@ struct Estimate {
   double makespan_s = 0;          // (1), the slowest stage
   double bubble_fraction = 0;     // idle share of (1), averaged over stages
   double p2p_s = 0;               // one boundary transfer (activation), for the table
-  double tp_comm_s = 0;           // per step, on the critical stage
+  double tp_comm_s = 0;           // modelled tensor-parallel collectives per step, busiest stage
+                                  // (0 when the profile measured the layers at this tp)
   std::vector<StageCost> stages;
   bool fits = true;
   std::string reason;             // why it does not fit (empty when it fits)
@@ -112,8 +117,10 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
 
 // Time of an all-reduce of `bytes` over the devices `members` (ring or hierarchical,
 // whichever is faster), links from the cluster or, where it has none, from the profile.
+// `sharing` collectives of this shape run at once on the same machines (the tp ranks'
+// data-parallel groups), dividing the network between machines among them.
 double allreduce_time(const Profile& profile, const Cluster& cluster,
-                      const std::vector<DeviceSlot>& members, double bytes);
+                      const std::vector<DeviceSlot>& members, double bytes, int sharing = 1);
 // Time of one point-to-point transfer of `bytes` between two devices.
 double p2p_time(const Profile& profile, const Cluster& cluster, const DeviceSlot& from,
                 const DeviceSlot& to, double bytes);

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -26,11 +28,15 @@ Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& 
   p.micro_batch_size = l.micro_batch_size;
   p.zero = l.zero;
   p.pp_split = l.pp > 1 ? pipeline::format_split(l.split) : "";
+  // Emulation can only slow a rank down: the fastest emulated group runs as it is, the
+  // others by their speed relative to it.
+  double fastest_emulated = 0;
+  for (const DeviceSlot& d : l.ranks) fastest_emulated = std::max(fastest_emulated, cluster.groups[d.group].relative_speed);
   for (int r = 0; r < l.world(); ++r) {
     const DeviceSlot& d = l.ranks[r];
     const MachineGroup& g = cluster.groups[d.group];
     p.ranks.push_back({r, g.name, d.machine, d.device, g.speed(profile),
-                       g.relative_speed > 0 ? 1.0 / g.relative_speed : 1.0});
+                       g.relative_speed > 0 ? fastest_emulated / g.relative_speed : 1.0});
   }
   p.predicted_step_s = chosen.estimate.step_s;
   p.predicted_samples_per_s = chosen.estimate.samples_per_s(l.global_batch());
@@ -149,6 +155,17 @@ std::string slowdown_flag(const Plan& plan) {
   return out.str();
 }
 
+void check_slowdown(const std::string& flag, int world_size) {
+  std::stringstream items(flag);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const int rank = std::atoi(item.c_str());
+    slowdown_of(item, rank);  // the item's own syntax
+    TRIREME_CHECK(rank < world_size, "--emulate-slowdown names rank ", rank, " but the job has ", world_size,
+                  " ranks; name ranks 0..", world_size - 1);
+  }
+}
+
 double slowdown_of(const std::string& flag, int rank) {
   double factor = 1;
   std::stringstream items(flag);
@@ -156,10 +173,12 @@ double slowdown_of(const std::string& flag, int rank) {
   while (std::getline(items, item, ',')) {
     const auto colon = item.find(':');
     char* end = nullptr;
+    char* factor_end = nullptr;
     const long r = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
-    const double f = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, nullptr);
-    TRIREME_CHECK(colon != std::string::npos && end == item.c_str() + colon && r >= 0 && f >= 1,
-                  "--emulate-slowdown '", item, "' is not RANK:FACTOR with FACTOR >= 1, e.g. 1:2.5");
+    const double f = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, &factor_end);
+    TRIREME_CHECK(colon != std::string::npos && end == item.c_str() + colon && r >= 0 && std::isfinite(f) &&
+                      f >= 1 && f <= 1000 && factor_end == item.c_str() + item.size(),
+                  "--emulate-slowdown '", item, "' is not RANK:FACTOR with 1 <= FACTOR <= 1000, e.g. 1:2.5");
     if (r == rank) factor = f;
   }
   return factor;

@@ -10,9 +10,9 @@
 //    "predicted": {"step_s": 0.12, "samples_per_s": 133, "bubble_fraction": 0.2,
 //                  "memory_bytes_per_stage": [...]}}
 //
-// `emulated_slowdown` is 1/relative_speed for ranks of a group described by a relative
-// speed (a device emulated on this machine's CPU ranks: `trireme train --plan` slows their
-// compute by that factor) and 1 for real devices. Everything a plan says is checked when it
+// `emulated_slowdown` is, for ranks of a group described by a relative speed (a device
+// emulated on this machine's CPU ranks), the fastest such group's speed over theirs:
+// `trireme train --plan` slows their compute by that factor. 1 for real devices. Everything a plan says is checked when it
 // is read; errors name the file and the JSON path. Pure: no libtorch.
 #pragma once
 
@@ -60,8 +60,10 @@ Plan read_plan(const std::string& path);
 
 // "--emulate-slowdown" form of the plan's slowdowns: "1:2.5" (only ranks slowed), "" if none.
 std::string slowdown_flag(const Plan& plan);
-// Parses "RANK:FACTOR,RANK:FACTOR" (factor >= 1) and returns rank's factor (1 if absent).
-// Throws InvalidArgument naming the problem.
+// Parses "RANK:FACTOR,RANK:FACTOR" (1 <= factor <= 1000) and returns rank's factor (1 if
+// absent). Throws InvalidArgument naming the problem.
 double slowdown_of(const std::string& flag, int rank);
+// Throws InvalidArgument when the flag is malformed or names a rank >= world_size.
+void check_slowdown(const std::string& flag, int world_size);
 
 }  // namespace trireme::plan

@@ -100,7 +100,7 @@ double layer_time(const LayerProfile& layer, Work work, double micro_batch);
 // The rows measured at tensor-parallel size tp, or null when tp was not measured.
 const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp);
 double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_batch);
-// Activation (or output) bytes for micro-batch b: proportional to b, from the nearest row.
+// Activation (or output) bytes for micro-batch b, interpolated like the times.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);
 
@@ -112,8 +112,8 @@ Profile parse_profile(const std::string& text, const std::string& origin);
 Profile read_profile(const std::string& path);
 
 // A profile computed from FLOPs, for models too big to run here: per block and sequence of
-// T tokens, forward 24*T*C^2 + 4*T^2*C FLOPs (matmuls and attention), B and W each the
-// same again; embeddings and head from their matmuls; activations 34*T*C bytes per block
+// T tokens, forward (8+4R)*T*C^2 (the matmuls) + 4*T^2*C (attention) FLOPs, B the matmuls
+// again plus twice the attention, W the matmuls again; embeddings and head from their matmuls; activations 34*T*C bytes per block
 // (Megatron's 16-bit estimate without the T^2 attention scores, which FlashAttention-style
 // kernels do not keep); times at `tflops` x `utilisation` (the model FLOPs utilisation
 // assumed on every device). Mixed-precision state bytes.

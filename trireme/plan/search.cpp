@@ -200,9 +200,16 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
     for (int g : subset) common = std::gcd(common, cluster.groups[g].devices());
     std::vector<std::vector<int>> orders;
     std::vector<int> order = subset;
-    if (o.aware) {
+    if (o.aware && order.size() <= 4) {
       do orders.push_back(order);
       while (std::next_permutation(order.begin(), order.end()));
+    } else if (o.aware) {
+      // Beyond 4 groups, the fastest first and the slowest first, not every order.
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return cluster.groups[a].speed(profile) > cluster.groups[b].speed(profile);
+      });
+      orders.push_back(order);
+      orders.emplace_back(order.rbegin(), order.rend());
     } else {
       orders.push_back(order);
     }

@@ -8,14 +8,16 @@
 //                 dividing every used group's device count, group g holds devices_g / d
 //                 stages, so pp = sum of devices_g / d
 //   stage order   which group holds the first stages, the next ones, ... (each group's
-//                 stages contiguous: every permutation of the used groups)
+//                 stages contiguous: every permutation of up to 4 used groups; beyond, the
+//                 groups by speed, fastest first and slowest first)
 //   schedule      gpipe, 1f1b, interleaved (v = 2..max_chunks), zb-h1 when pp > 1
 //   m, b          micro-batches per replica and their size, m*b = global_batch/dp
 //   zero          0, 1, 2 when dp > 1
 //   layer split   contiguous, balanced for time on each stage's device speed (a slower
 //                 stage gets fewer layers): min-max partition, one split for every replica
 // Not searched, because the runtime cannot run it yet (so it is never emitted): different
-// batch sizes per replica, different splits per replica, a stage spread over two groups.
+// batch sizes per replica, different splits per replica. Only the symmetric baseline below
+// may spread a stage over two groups (as symmetric planning does on a mixed cluster).
 //
 // Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
 // fastest device) is already slower than `prune_factor` x the best found is not replayed.
