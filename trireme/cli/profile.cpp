@@ -123,6 +123,7 @@ void check_output_file(const std::string& out) {
 // What each rank measured that is combined across ranks.
 struct RankFigures {
   std::vector<plan::LayerProfile> layers;
+  std::vector<plan::WholeModelTiming> whole_model;
   double tflops = 0;
   double overlap = 0;
 };
@@ -144,6 +145,7 @@ void for_each_figure(Figures& r, F&& f) {
     for (auto& tp : layer.tensor_parallel)
       for (auto& t : tp.timings) row(t);
   }
+  for (auto& w : r.whole_model) f(w.forward_backward_s);
   f(r.tflops);
   f(r.overlap);
 }
@@ -352,7 +354,10 @@ int profile_worker_main(const std::vector<std::string>& args) {
   layer_options.on_layer = [&](const plan::LayerProfile& layer) {
     say(layer_line(layer, ++measured, layer_count));
   };
-  RankFigures mine{plan::measure_layers(layer_options), tflops, overlap.overlap};
+  RankFigures mine{plan::measure_layers(layer_options), {}, tflops, overlap.overlap};
+  layer_options.on_round = nullptr;
+  mine.whole_model = plan::measure_whole_model(layer_options);
+  say("whole model timed in place at every b");
 
   // Tensor parallel over both ranks: the group is the whole world, as with --tp 2.
   constexpr int kTensorParallel = 2;
@@ -391,6 +396,7 @@ int profile_worker_main(const std::vector<std::string>& args) {
   profile.overlap = mine.overlap;
   profile.repeats = opt.repeats;
   profile.layers = std::move(mine.layers);
+  profile.whole_model = std::move(mine.whole_model);
   obs::write_text_file(opt.out, plan::to_json(profile));
 
   std::fputs(summary_table(profile).c_str(), stdout);
@@ -398,6 +404,10 @@ int profile_worker_main(const std::vector<std::string>& args) {
               "reference throughput %.4f TFLOPS (fp32 matmul, %d thread(s))\n",
               link_line("point-to-point", p2p).c_str(), link_line("all-reduce (bus)", allreduce).c_str(),
               profile.overlap, overlap_line(overlap).c_str(), profile.reference_tflops, threads);
+  for (const plan::WholeModelTiming& w : profile.whole_model)
+    std::printf("whole model at b=%lld: forward+backward %.2f ms in place, %.2fx the sum of its layers' parts\n",
+                static_cast<long long>(w.micro_batch), w.forward_backward_s * 1e3,
+                plan::in_place_factor(profile, static_cast<double>(w.micro_batch)));
   std::printf("profile: %s (%.1f s)\n", opt.out.c_str(), (obs::now_us() - start_us) / 1e6);
   std::fflush(stdout);
   return 0;

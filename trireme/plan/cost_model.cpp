@@ -243,6 +243,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   times.backward_input = times.backward_weight = times.backward_full = times.activation_bytes =
       times.forward;
   std::vector<double> tp_comm(p, 0);  // modelled tensor-parallel collectives per step
+  const double in_place = in_place_factor(profile, b);  // the layers' parts as a whole step
   for (int s = 0; s < p; ++s) {
     StageCost& sc = e.stages[s];
     sc.speed = 1e300;
@@ -259,7 +260,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       bool measured_tp = tp > 1;
       for (int l = range.begin; l < range.end; ++l)
         measured_tp = measured_tp && tensor_parallel_rows(profile.layers[l], tp) != nullptr;
-      const double scale = 1.0 / (sc.speed * (measured_tp ? 1 : tp));
+      const double scale = in_place / (sc.speed * (measured_tp ? 1 : tp));
       auto work_sum = [&](Work work) {
         double t = 0;
         for (int l = range.begin; l < range.end; ++l)

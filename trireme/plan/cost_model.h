@@ -12,7 +12,9 @@
 //      generator (parallel/pipeline/schedule.h) gives them, replayed as events: an
 //      instruction starts when its stage is free and its input has arrived (the previous
 //      virtual stage's F, or the next one's B, plus the point-to-point transfer of the
-//      boundary activation). Compute times are the profile's per-layer times at b, divided
+//      boundary activation). Compute times are the profile's per-layer times at b (scaled
+//      by the profile's in-place factor: the whole model's forward and backward measured
+//      as one step over the sum of its separately timed parts), divided
 //      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
 //      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
 //      (two (b,T,C) ones in each block's forward and two in its backward, one in the

@@ -74,6 +74,24 @@ double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_b
   return interpolate(rows, micro_batch, [work](const LayerTiming& row) { return work_of(row, work); });
 }
 
+double in_place_factor(const Profile& profile, double micro_batch) {
+  if (profile.whole_model.empty()) return 1.0;
+  // The whole-model rows as timing rows (forward_s carries the time) to reuse interpolate.
+  std::vector<LayerTiming> rows;
+  for (const WholeModelTiming& w : profile.whole_model) {
+    LayerTiming t;
+    t.micro_batch = w.micro_batch;
+    t.forward_s = w.forward_backward_s;
+    rows.push_back(t);
+  }
+  double parts = 0;
+  for (const LayerProfile& layer : profile.layers)
+    parts += layer_time(layer, Work::kForward, micro_batch) + layer_time(layer, Work::kBackwardInput, micro_batch) +
+             layer_time(layer, Work::kBackwardWeight, micro_batch);
+  const double whole = rows_time(rows, Work::kForward, micro_batch);
+  return parts > 0 && whole > 0 ? whole / parts : 1.0;
+}
+
 const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp) {
   for (const TensorParallelTimings& t : layer.tensor_parallel)
     if (t.tp == tp) return &t.timings;
@@ -119,7 +137,7 @@ std::string to_json(const Profile& p) {
   }
   nlohmann::ordered_json allreduce = link_json(p.allreduce);
   allreduce["world"] = p.allreduce_world;
-  const nlohmann::ordered_json out = {
+  nlohmann::ordered_json out = {
       {"format", p.format},
       {"source", p.source},
       {"device", p.device},
@@ -133,6 +151,12 @@ std::string to_json(const Profile& p) {
       {"overlap", p.overlap},
       {"repeats", p.repeats},
       {"layers", layers}};
+  if (!p.whole_model.empty()) {
+    nlohmann::ordered_json whole = nlohmann::ordered_json::array();
+    for (const WholeModelTiming& w : p.whole_model)
+      whole.push_back({{"micro_batch", w.micro_batch}, {"forward_backward_s", w.forward_backward_s}});
+    out["whole_model"] = whole;
+  }
   return out.dump(1) + "\n";
 }
 
@@ -140,7 +164,7 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   const nlohmann::json doc = Field::parse(text, origin);
   const Field root(doc, "", origin);
   root.only({"format", "source", "device", "reference_tflops", "threads", "model", "state_bytes",
-             "p2p", "allreduce", "overlap", "repeats", "layers"});
+             "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model"});
   Profile p;
   p.format = static_cast<int>(root.at("format").integer(1));
   if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
@@ -177,6 +201,14 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
       }
     p.layers.push_back(std::move(layer));
   }
+  if (root.has("whole_model"))
+    for (const Field& wf : root.at("whole_model").items()) {
+      wf.only({"micro_batch", "forward_backward_s"});
+      WholeModelTiming w{wf.at("micro_batch").integer(1), wf.at("forward_backward_s").positive()};
+      if (!p.whole_model.empty() && w.micro_batch <= p.whole_model.back().micro_batch)
+        wf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
+      p.whole_model.push_back(w);
+    }
   const int64_t expected = p.model.layers + 2;
   if (static_cast<int64_t>(p.layers.size()) != expected)
     root.at("layers").fail("has " + std::to_string(p.layers.size()) + " entries but model.layers " +

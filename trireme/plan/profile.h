@@ -58,6 +58,14 @@ struct LayerProfile {
   std::vector<TensorParallelTimings> tensor_parallel;  // optional, measured at tp > 1
 };
 
+// The whole model's forward and backward as training runs them (one autograd graph, no
+// split of backward), per micro-batch size: what the layers' separately timed parts add
+// up to in place. The cost model scales every layer's times by whole / sum of parts.
+struct WholeModelTiming {
+  int64_t micro_batch = 1;
+  double forward_backward_s = 0;  // median
+};
+
 struct Link {
   double latency_s = 0;        // alpha
   double bandwidth_Bps = 0;    // 1 / beta, bytes per second
@@ -89,6 +97,7 @@ struct Profile {
   double overlap = -1;
   int repeats = 0;                   // measurements per median
   std::vector<LayerProfile> layers;  // the pipeline layer list, in order
+  std::vector<WholeModelTiming> whole_model;  // optional, ascending micro_batch
 };
 
 // Which part of a layer's work.
@@ -100,6 +109,9 @@ double layer_time(const LayerProfile& layer, Work work, double micro_batch);
 // The rows measured at tensor-parallel size tp, or null when tp was not measured.
 const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp);
 double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_batch);
+// The whole model's measured forward and backward over the sum of its layers' F + B + W at
+// micro-batch b (interpolated like the times); 1 when the profile has no whole-model rows.
+double in_place_factor(const Profile& profile, double micro_batch);
 // Activation (or output) bytes for micro-batch b, interpolated like the times.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);

@@ -277,6 +277,29 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
   return profiles;
 }
 
+std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& options) {
+  check_layer_options(options);
+  models::Gpt model(options.model, options.seed);
+  model->train();
+  at::Generator generator = at::detail::createCPUGenerator(options.seed + 2);
+  std::vector<WholeModelTiming> rows;
+  for (const int64_t micro_batch : options.micro_batches) {
+    const at::Tensor idx = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
+    const at::Tensor targets = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
+    std::vector<double> samples;
+    for (int round = 0; round <= options.repeats; ++round) {  // round 0 warms up
+      call(options.in_step);
+      const double start_us = obs::now_us();
+      model->loss(idx, targets).backward();
+      const double seconds = seconds_since(start_us);
+      model->zero_grad();
+      if (round > 0) samples.push_back(seconds);
+    }
+    rows.push_back({micro_batch, median(samples)});
+  }
+  return rows;
+}
+
 std::vector<TensorParallelTimings> measure_tensor_parallel_layers(const LayerMeasureOptions& options,
                                                                   const tensor::TensorParallel& tp) {
   check_layer_options(options);

@@ -104,6 +104,14 @@ struct LayerMeasureOptions {
 // model or an empty or non-ascending micro-batch list.
 std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options);
 
+// The whole model in place (Profile::whole_model): per micro-batch size, after a warm-up,
+// `repeats` rounds of the loss over random tokens and one full backward (one autograd
+// graph, backward not split), as a data-parallel or single-stage training step runs them,
+// in_step before each round; medians. What the layers' separately timed parts miss
+// (autograd's whole-graph bookkeeping, the allocator and caches of a whole step) shows as
+// the ratio of this to their sum.
+std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& options);
+
 // Each layer's timings with the model split over `tp` (see above), one entry per layer of
 // the layer list: {tp.size, rows}. A collective: every rank of tp.group calls it with the
 // same options (the same seed gives every rank the same inputs). on_layer is not called.
