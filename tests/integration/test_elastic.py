@@ -120,6 +120,24 @@ class Elastic(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "the run did not reach the step")
             time.sleep(0.05)
 
+    def wait_for_restart(self, out, agents):
+        """Until the next generation has finished a step (a metrics line of restart 1): the
+        job has then dropped the killed machine, so a replacement may take its --node-rank.
+        (Waiting for a step number is not enough: the kill can come after that step, when
+        the keepers' protection lagged, and the replacement would then join before the
+        survivors' --node-timeout ran out and be refused as a duplicate.)"""
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if any(m.get("restart", 0) >= 1 for m in metrics(out)):
+                    return
+            except (ValueError, OSError):
+                pass  # a line being written, or the file being rewritten at the restart
+            for a in agents:
+                self.assertIsNone(a.poll(), "an agent exited before the replacement joined")
+            self.assertLess(time.monotonic(), deadline, "the survivors did not resume")
+            time.sleep(0.05)
+
     def wait_for_protection(self, agents):
         """Until every machine's keeper has protected a step (AREA/protected/<step>): its
         rounds run at idle priority, so on a loaded machine the first can come late."""
@@ -174,6 +192,7 @@ class Elastic(unittest.TestCase):
         self.wait_for_protection(agents)
         self.kill_machine(agents[2], 2)
         # A replacement under the lost node's id, once the job has gone on without it.
+        self.wait_for_restart(out, agents[:2])
         self.wait_for_step(out, 20, agents[:2])
         replacement = self.start(2, port, out, extra)
         agents[2] = replacement
