@@ -174,10 +174,13 @@ class Elastic(unittest.TestCase):
             errs[node] = err
         return errs
 
-    def check_curve(self, out, ref, what):
-        losses = [m["loss"] for m in metrics(out)]
-        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
-        diff = max(abs(a - b) for a, b in zip(losses, ref))
+    def check_curve(self, out, ref, what, missing_allowed=0):
+        rows = metrics(out)
+        steps = [m["step"] for m in rows]
+        self.assertEqual(steps, sorted(set(steps)))
+        self.assertEqual(steps[-1], STEPS)
+        self.assertLessEqual(STEPS - len(steps), missing_allowed, steps)
+        diff = max(abs(m["loss"] - ref[m["step"] - 1]) for m in rows)
         print(f"{what}: max |loss - uninterrupted loss| over {STEPS} steps = {diff:.3g}")
         self.assertLess(diff, LOSS_TOLERANCE)
 
@@ -242,7 +245,10 @@ class Elastic(unittest.TestCase):
         errs = self.finish(agents, [1, 2])
         self.assertIn("node 0 is lost", errs[1] + errs[2])
         self.assertIn("going on with nodes 1,2", errs[1] + errs[2])
-        self.check_curve(out, ref, "store apart, node 0 killed at step >= 10")
+        # Rank 0 writes metrics.jsonl: the line of the last step node 0 finished can die with
+        # it while that step's state lives on in the others' snapshots (the job then goes on
+        # from the step after it), so one line may be missing.
+        self.check_curve(out, ref, "store apart, node 0 killed at step >= 10", missing_allowed=1)
         store.send_signal(signal.SIGTERM)
         self.assertEqual(store.wait(timeout=30), 0)
 
