@@ -67,12 +67,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   if (!f.pp_split.empty()) {
     l.split = pipeline::parse_split(f.pp_split, layers, l.pp * l.chunks);
   } else {
-    std::vector<double> costs;
-    for (const plan::LayerProfile& layer : profile.layers)
-      costs.push_back(plan::layer_time(layer, plan::Work::kForward, l.micro_batch_size) +
-                      plan::layer_time(layer, plan::Work::kBackwardInput, l.micro_batch_size) +
-                      plan::layer_time(layer, plan::Work::kBackwardWeight, l.micro_batch_size));
-    l.split = pipeline::balance_partition(costs, l.pp * l.chunks);  // what train's --pp-balance time does
+    l.split = pipeline::balance_partition(plan::layer_costs(profile, l.micro_batch_size), l.pp * l.chunks);  // what train's --pp-balance time does
   }
   l.ranks = plan::ranks_in_file_order(cluster, world);
   return l;

@@ -2,7 +2,7 @@
 // preemption rate) for a plan on a one-group spot cluster, under three recovery policies
 // (restart from a disk checkpoint, in-memory recovery, in-memory recovery re-planning at
 // each membership change), and reports goodput, cost per useful sample and the time lost.
-//   trireme simulate --plan plan.json --cluster spot.json --profile profile.json \
+//   trireme simulate --plan plan.json --cluster spot.json --profile profile.json
 //                    --trace ../shared/traces/bamboo/aws-2021-12/p3-trace.csv --out spot.svg
 #include <algorithm>
 #include <cmath>

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <numeric>
 
 #include "trireme/common/error.h"
 #include "trireme/plan/json_reader.h"
@@ -74,6 +75,14 @@ double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_b
   return interpolate(rows, micro_batch, [work](const LayerTiming& row) { return work_of(row, work); });
 }
 
+std::vector<double> layer_costs(const Profile& profile, double micro_batch) {
+  std::vector<double> costs;
+  for (const LayerProfile& layer : profile.layers)
+    costs.push_back(layer_time(layer, Work::kForward, micro_batch) + layer_time(layer, Work::kBackwardInput, micro_batch) +
+                    layer_time(layer, Work::kBackwardWeight, micro_batch));
+  return costs;
+}
+
 double in_place_factor(const Profile& profile, double micro_batch) {
   if (profile.whole_model.empty()) return 1.0;
   // The whole-model rows as timing rows (forward_s carries the time) to reuse interpolate.
@@ -84,10 +93,8 @@ double in_place_factor(const Profile& profile, double micro_batch) {
     t.forward_s = w.forward_backward_s;
     rows.push_back(t);
   }
-  double parts = 0;
-  for (const LayerProfile& layer : profile.layers)
-    parts += layer_time(layer, Work::kForward, micro_batch) + layer_time(layer, Work::kBackwardInput, micro_batch) +
-             layer_time(layer, Work::kBackwardWeight, micro_batch);
+  const std::vector<double> costs = layer_costs(profile, micro_batch);
+  const double parts = std::accumulate(costs.begin(), costs.end(), 0.0);
   const double whole = rows_time(rows, Work::kForward, micro_batch);
   return parts > 0 && whole > 0 ? whole / parts : 1.0;
 }
@@ -254,13 +261,13 @@ Profile analytic_profile(const models::GptConfig& m, const std::string& device, 
   };
   const double hidden_bytes = 2 * T * C;  // one (T,C) activation in 16-bit
   p.layers.push_back({"embeddings", static_cast<int64_t>(V * C + T * C), 0,
-                      {row(0, 0, 0, 0, hidden_bytes)}});
+                      {row(0, 0, 0, 0, hidden_bytes)}, {}});
   for (int64_t l = 0; l < m.layers; ++l)
     p.layers.push_back({"h." + std::to_string(l),
                         static_cast<int64_t>((4 + 2 * R) * C * C + (9 + R) * C), 0,
-                        {row(matmul + attention, matmul + 2 * attention, matmul, 34 * T * C, hidden_bytes)}});
+                        {row(matmul + attention, matmul + 2 * attention, matmul, 34 * T * C, hidden_bytes)}, {}});
   p.layers.push_back({"head", static_cast<int64_t>(C * V + 2 * C), 0,
-                      {row(2 * T * C * V, 2 * T * C * V, 2 * T * C * V, T * V * 6, 0)}});
+                      {row(2 * T * C * V, 2 * T * C * V, 2 * T * C * V, T * V * 6, 0)}, {}});
   return p;
 }
 

@@ -106,6 +106,9 @@ enum class Work { kForward, kBackwardInput, kBackwardWeight };
 // Time of `work` for micro-batch size b: linear interpolation between the measured rows,
 // linear extrapolation beyond them (through the origin when there is a single row).
 double layer_time(const LayerProfile& layer, Work work, double micro_batch);
+// Each layer's F + B + W at micro-batch b, in layer order: what pipeline stages are
+// balanced by and what a step's compute adds up to.
+std::vector<double> layer_costs(const Profile& profile, double micro_batch);
 // The rows measured at tensor-parallel size tp, or null when tp was not measured.
 const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, int tp);
 double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_batch);

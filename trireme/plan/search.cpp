@@ -167,14 +167,11 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
   std::map<std::string, std::pair<double, std::string>> unfit;  // family -> (memory, reason)
   double best_step = 1e300;
 
-  auto consider = [&](Layout layout, const std::vector<std::string>& group_names) {
+  // `work`: the model's F + B + W for one micro-batch of the layout's size.
+  auto consider = [&](Layout layout, const std::vector<std::string>& group_names, double work) {
     // Lower bound: the work spread evenly over the stages at the fastest device.
-    double work = 0, fastest = 0;
+    double fastest = 0;
     for (const DeviceSlot& d : layout.ranks) fastest = std::max(fastest, cluster.groups[d.group].speed(profile));
-    for (const LayerProfile& layer : profile.layers)
-      work += layer_time(layer, Work::kForward, layout.micro_batch_size) +
-              layer_time(layer, Work::kBackwardInput, layout.micro_batch_size) +
-              layer_time(layer, Work::kBackwardWeight, layout.micro_batch_size);
     const double bound = work * layout.micro_batches / (layout.pp * layout.tp * fastest);
     if (bound > o.prune_factor * best_step) {
       ++result.pruned;
@@ -248,18 +245,15 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
                   continue;  // e.g. interleaved with m not a multiple of pp
                 }
               }
-              std::vector<double> costs;
-              for (const LayerProfile& layer : profile.layers)
-                costs.push_back(layer_time(layer, Work::kForward, l.micro_batch_size) +
-                                layer_time(layer, Work::kBackwardInput, l.micro_batch_size) +
-                                layer_time(layer, Work::kBackwardWeight, l.micro_batch_size));
+              const std::vector<double> costs = layer_costs(profile, l.micro_batch_size);
+              const double work = std::accumulate(costs.begin(), costs.end(), 0.0);
               std::vector<double> speeds;
               for (int c = 0; c < l.chunks; ++c)
                 for (int s = 0; s < pp; ++s) speeds.push_back(cluster.groups[stage_group[s]].speed(profile));
               l.split = balance_for_speeds(costs, speeds);
               for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
                 l.zero = zero;
-                consider(l, names);
+                consider(l, names, work);
               }
             }
           }
@@ -296,11 +290,13 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
                 }
               }
               l.split = pipeline::balance_partition(std::vector<double>(layers, 1.0), l.pp * l.chunks);
+              const std::vector<double> costs = layer_costs(profile, l.micro_batch_size);
+              const double work = std::accumulate(costs.begin(), costs.end(), 0.0);
               for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
                 l.zero = zero;
                 std::vector<std::string> names;
                 for (const MachineGroup& g : cluster.groups) names.push_back(g.name);
-                consider(l, names);
+                consider(l, names, work);
               }
             }
         }
