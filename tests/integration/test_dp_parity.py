@@ -33,18 +33,18 @@ class DataParallelParity(unittest.TestCase):
 
     @classmethod
     def train(cls, nproc, micro, extra=()):
-        out = os.path.join(cls.dir, f"n{nproc}-m{micro}")
+        out = os.path.join(cls.dir, f"n{nproc}-m{micro}" + "".join(extra).replace("-", "_"))
         dump = out + ".params"
         run(["train", "gpt", "--nproc-per-node", str(nproc), "--micro-batches", str(micro),
              "--out", out, "--dump-params", dump] + MODEL + list(extra))
         return read_params(dump), [m["loss"] for m in metrics(out)], out
 
-    def check(self, nproc, micro):
+    def check(self, nproc, micro, extra=()):
         ref_params, ref_losses, _ = self.reference
-        params, losses, out = self.train(nproc, micro)
+        params, losses, out = self.train(nproc, micro, extra)
         param_diff = max_abs_diff(ref_params, params)
         loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
-        print(f"dp={nproc} micro-batches={micro}: max abs diff params {param_diff:.3g}, "
+        print(f"dp={nproc} micro-batches={micro} {' '.join(extra)}: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g} (3 steps, vs one process)")
         self.assertEqual(len(losses), 3)
         if nproc > 1:
@@ -66,6 +66,15 @@ class DataParallelParity(unittest.TestCase):
 
     def test_dp4_no_sync_accumulation(self):
         self.check(4, 2)
+
+    def test_dp2_unequal_replica_batches(self):
+        """Replica 0 takes 6 of the 8 sequences, replica 1 takes 2 (as a slower device
+        would): each weights its mean loss by dp x its share, so the averaged gradients
+        are still the global batch's."""
+        self.check(2, 1, ["--replica-batches", "6,2"])
+
+    def test_dp2_unequal_replica_batches_accumulation_zero2(self):
+        self.check(2, 2, ["--replica-batches", "2,6", "--zero", "2"])
 
     def test_dp4_across_two_agents(self):
         """Two `trireme train` agents (emulated machines) with the same --rdzv form one

@@ -67,6 +67,32 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2, bad.stderr)
         self.assertIn("but the job has 1 processes", bad.stderr)
 
+    def test_data_parallel_plan_with_unequal_replica_batches(self):
+        """A replica on the emulated slower device takes a smaller share of the batch: the
+        plan carries the shares and `trireme train --plan` runs them (--replica-batches)."""
+        cluster = self.write("slow-dp.json", {"groups": [
+            {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 4, "machines": 1},
+            {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 4, "machines": 1}]})
+        plan = os.path.join(self.dir, "uneven-plan.json")
+        run(["plan", "--profile", self.profile, "--cluster", cluster, "--global-batch", "8", "--evaluate",
+             "--dp", "2", "--replica-batches", "6,2", "--out", plan])
+        with open(plan) as f:
+            written = json.load(f)
+        self.assertEqual(written["layout"]["replica_micro_batch_sizes"], [6, 2])
+        self.assertEqual([r["emulated_slowdown"] for r in written["ranks"]], [1, 2])
+        run_dir = os.path.join(self.dir, "uneven-run")
+        proc = run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--steps", "6", "--out", run_dir,
+                    "--trace-steps", "0", "--sample-tokens", "0"])
+        self.assertIn("(replicas 6,2)", proc.stderr)
+        self.assertIn("step time measured", proc.stderr)
+        with open(os.path.join(run_dir, "run.json")) as f:
+            self.assertEqual(json.load(f)["replica_batches"], "6,2")
+        # Shares that do not add up to the batch: one line naming the flag.
+        bad = run(["plan", "--profile", self.profile, "--cluster", cluster, "--global-batch", "8", "--evaluate",
+                   "--dp", "2", "--replica-batches", "6,1"], check=False)
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertIn("--replica-batches 6,1 sum to 7 but --batch is 8", bad.stderr)
+
     def test_bad_cluster_and_bad_plan_name_the_field(self):
         cluster = self.write("bad-cluster.json", {"groups": [
             {"device": "A100", "machines": 2, "devices_per_machine": 8, "inter_bandwidth_gbps": -5}]})

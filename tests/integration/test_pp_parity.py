@@ -32,7 +32,7 @@ class PipelineParity(unittest.TestCase):
         cls.reference = train(os.path.join(cls.dir, "ref"), 1, 1, 1)
 
     def check(self, pp, dp, schedule, micro, chunks=1, extra=()):
-        name = f"{schedule}-pp{pp}-dp{dp}-m{micro}-v{chunks}"
+        name = f"{schedule}-pp{pp}-dp{dp}-m{micro}-v{chunks}" + "".join(extra).replace("-", "_").replace(",", "_")
         out = os.path.join(self.dir, name)
         params, losses = train(out, pp, dp, micro,
                                ["--schedule", schedule, "--chunks", str(chunks)] + list(extra))
@@ -70,6 +70,13 @@ class PipelineParity(unittest.TestCase):
         out = self.check(2, 2, "1f1b", 2)
         # The stage's gradient all-reduce started before its backward work was over.
         self.assertTrue(all(m["buckets_overlapped"] >= 1 for m in metrics(out)))
+
+    def test_1f1b_dp2_pp2_unequal_replica_batches(self):
+        # Replica 0's stages run micro-batches of 3 sequences, replica 1's of 1.
+        self.check(2, 2, "1f1b", 2, extra=["--replica-batches", "6,2"])
+
+    def test_zb_h1_dp2_pp2_unequal_replica_batches(self):
+        self.check(2, 2, "zb-h1", 2, extra=["--replica-batches", "2,6"])
 
     def test_gpipe_dp2_pp2(self):
         self.check(2, 2, "gpipe", 4)

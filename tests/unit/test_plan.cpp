@@ -233,9 +233,14 @@ TEST(PlanSearch, SlowDeviceGetsFewerLayers) {
       {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 16, "machines": 1}]})", "c");
   SearchOptions o;
   o.global_batch = 8;
+  o.runners_up = 100;
   const SearchResult r = search(p, c, o);
-  const Layout& best = r.best.layout;
-  ASSERT_EQ(best.pp, 2) << describe(best);
+  // The best pipeline (data parallelism with a smaller batch on the slow device may win).
+  const Candidate* pipelined = r.best.layout.pp == 2 ? &r.best : nullptr;
+  for (const auto& [candidate, why] : r.runners_up)
+    if (!pipelined && candidate.layout.pp == 2) pipelined = &candidate;
+  ASSERT_NE(pipelined, nullptr);
+  const Layout& best = pipelined->layout;
   const int slow_stage = best.ranks[best.rank_of(0, 0, 0)].group == 1 ? 0 : 1;
   int slow_layers = 0, fast_layers = 0;
   for (int v = 0; v < best.pp * best.chunks; ++v) {
@@ -340,7 +345,7 @@ TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
   };
   EXPECT_NE(error_of("\"tp\": 1", "\"tp\": 2").find("plan.json: ranks lists 2 ranks but dp x tp x pp = 4"),
             std::string::npos);
-  EXPECT_NE(error_of("\"dp\": 2", "\"dp\": 3").find("global_batch is 8 but dp x micro_batches x micro_batch_size = 12"),
+  EXPECT_NE(error_of("\"dp\": 2", "\"dp\": 3").find("global_batch is 8 but micro_batches x dp x micro_batch_size = 12"),
             std::string::npos);
   EXPECT_NE(error_of("\"micro_batch_size\": 4", "\"micro_batch_size\": 5").find("plan.json: global_batch is 8"),
             std::string::npos);
@@ -351,35 +356,146 @@ TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
 }
 
 // What the planner emits, `trireme train` runs: every family it ranks on 8 ranks passes
-// the trainer's own validation once written as a plan.
+// the trainer's own validation once written as a plan (on one group, and on two groups of
+// different speeds, where replicas take unequal batches).
 TEST(PlanSearch, EveryRankedLayoutIsOneTheTrainerAccepts) {
   Profile p = uniform_profile(6);
   p.model.dim = 64;
   p.model.heads = 4;
   p.p2p = Link{1e-4, 1e9};
   p.allreduce = Link{1e-4, 1e9};
-  const Cluster c = parse_cluster(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 8,
+  const Cluster one = parse_cluster(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 8,
       "machines": 2, "devices_per_machine": 4, "inter_bandwidth_gbps": 10}]})", "c");
-  SearchOptions o;
-  o.global_batch = 32;
-  o.runners_up = 1000;
-  o.prune_factor = 1e9;
-  const SearchResult r = search(p, c, o);
-  std::vector<Candidate> all = {r.best};
-  for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
-  EXPECT_GT(all.size(), 30u);
+  const Cluster two = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 8, "machines": 1, "devices_per_machine": 4},
+      {"name": "slow", "device": "cpu", "relative_speed": 0.4, "memory_gib": 8, "machines": 1, "devices_per_machine": 4}]})",
+                                  "c");
   char path[] = "/tmp/trireme-plan-XXXXXX";
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   close(fd);
-  for (const Candidate& candidate : all) {
-    { std::ofstream(path) << to_json(make_plan(p, c, candidate)); }
-    cli::TrainOptions options;
-    options.plan = path;
-    EXPECT_NO_THROW(cli::validate_train_options(&options, 8)) << describe(candidate.layout);
-    EXPECT_EQ(options.dp * options.tp * options.pp, 8);
+  int unequal = 0;
+  for (const Cluster* c : {&one, &two}) {
+    SearchOptions o;
+    o.global_batch = 32;
+    o.runners_up = 1000;
+    o.prune_factor = 1e9;
+    const SearchResult r = search(p, *c, o);
+    std::vector<Candidate> all = {r.best};
+    for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
+    EXPECT_GT(all.size(), 30u);
+    for (const Candidate& candidate : all) {
+      { std::ofstream(path) << to_json(make_plan(p, *c, candidate)); }
+      cli::TrainOptions options;
+      options.plan = path;
+      // (On two groups the planner may leave the slow one idle: a world of 4.)
+      EXPECT_NO_THROW(cli::validate_train_options(&options, candidate.layout.world())) << describe(candidate.layout);
+      EXPECT_EQ(options.dp * options.tp * options.pp, candidate.layout.world());
+      if (!candidate.layout.replica_micro_batch_sizes.empty()) {
+        ++unequal;
+        EXPECT_EQ(options.replica_batch_sizes.size(), static_cast<size_t>(options.dp));
+      }
+    }
   }
+  EXPECT_GT(unequal, 0);
   std::remove(path);
+}
+
+// Replicas on devices of unequal speed: the slow replica's pipeline replayed at its own
+// speed and batch. Every sequence costs F + B + W = 3 s per layer at speed 1 (linear in b),
+// 12 s over the 4 layers, and nothing else costs time: 6 sequences split 3+3 leave the
+// half-speed replica at 3 x 12 / 0.5 = 72 s; split 4+2, both finish at 48 s.
+TEST(PlanCostModel, UnequalReplicaBatchesBalanceASlowReplica) {
+  const Profile p = uniform_profile(2);
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": 1},
+      {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 16, "machines": 1}]})", "c");
+  Layout l;
+  l.dp = 2;
+  l.micro_batch_size = 3;
+  l.split = {{0, 4}};
+  l.ranks = {{0, 0, 0}, {1, 0, 0}};
+  const double even = estimate(p, c, l).step_s;
+  EXPECT_NEAR(even, 72.0, 1e-6);
+  l.replica_micro_batch_sizes = {4, 2};
+  EXPECT_EQ(l.global_batch(), 6);
+  const Estimate uneven = estimate(p, c, l);
+  EXPECT_NEAR(uneven.step_s, 48.0, 1e-6);
+  EXPECT_NEAR(uneven.stages[0].compute_s, 48.0, 1e-6);
+  l.replica_micro_batch_sizes = {4};
+  EXPECT_THROW(estimate(p, c, l), InvalidArgument);  // one size for two replicas
+}
+
+// The search gives the replica on the slower group the smaller share, and the plan file
+// carries it to the trainer as --replica-batches.
+TEST(PlanSearch, SlowGroupReplicaGetsASmallerBatch) {
+  Profile p = uniform_profile(2);
+  p.allreduce = Link{1e-3, 1e9};
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "fast", "device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": 1},
+      {"name": "slow", "device": "cpu", "relative_speed": 0.5, "memory_gib": 16, "machines": 1}]})", "c");
+  SearchOptions o;
+  o.global_batch = 12;
+  o.runners_up = 100;
+  const SearchResult r = search(p, c, o);
+  std::vector<Candidate> all = {r.best};
+  for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
+  const Candidate* dp2 = nullptr;
+  for (const Candidate& candidate : all)
+    if (candidate.layout.dp == 2 && candidate.layout.pp == 1 && candidate.layout.zero == 0) dp2 = &candidate;
+  ASSERT_NE(dp2, nullptr);
+  const Layout& l = dp2->layout;
+  ASSERT_EQ(l.replica_micro_batch_sizes.size(), 2u) << describe(l);
+  const int fast_replica = l.ranks[l.rank_of(0, 0, 0)].group == 0 ? 0 : 1;
+  EXPECT_EQ(l.replica_micro_batch_sizes[fast_replica] * l.micro_batches, 8) << describe(l);
+  EXPECT_EQ(l.replica_micro_batch_sizes[1 - fast_replica] * l.micro_batches, 4) << describe(l);
+  const Plan plan = parse_plan(to_json(make_plan(p, c, *dp2)), "plan.json");
+  EXPECT_EQ(plan.replica_micro_batch_sizes, l.replica_micro_batch_sizes);
+  cli::TrainOptions options;
+  cli::apply_plan(plan, "plan.json", &options);
+  cli::validate_train_options(&options, 2);
+  EXPECT_EQ(options.replica_batch_sizes[fast_replica], 8);
+  EXPECT_EQ(cli::replica_share(options, 1).begin, options.replica_batch_sizes[0]);
+  EXPECT_DOUBLE_EQ(cli::replica_share(options, fast_replica).loss_weight, 2.0 * 8 / 12);
+  // A plan whose per-replica sizes do not add up to its global batch is refused.
+  std::string text = to_json(make_plan(p, c, *dp2));
+  const std::string from = "\"global_batch\": 12";
+  text.replace(text.find(from), from.size(), "\"global_batch\": 14");
+  try {
+    parse_plan(text, "plan.json");
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the sum of replica_micro_batch_sizes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainOptions, ReplicaBatchesAreCheckedAgainstTheBatch) {
+  auto error_of = [](const std::string& flag, int64_t batch, int dp, int64_t micro) {
+    cli::TrainOptions o;
+    o.batch = batch;
+    o.dp = dp;
+    o.micro_batches = micro;
+    o.replica_batches = flag;
+    try {
+      cli::validate_replica_batches(&o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error_of("12,4", 16, 2, 2), "accepted");
+  EXPECT_EQ(error_of("12,4", 16, 3, 1),
+            "--replica-batches 12,4 gives 2 replicas but --dp is 3; give one count per data-parallel replica");
+  EXPECT_EQ(error_of("12,5", 16, 2, 1), "--replica-batches 12,5 sum to 17 but --batch is 16; make them add up to the global batch");
+  EXPECT_EQ(error_of("12,3", 15, 2, 2),
+            "--replica-batches 12,3: 3 sequences are not divisible by --micro-batches 2; give every replica a multiple of 2");
+  EXPECT_EQ(error_of("12,x", 16, 2, 1), "--replica-batches 12,x: 'x' is not a positive number of sequences; write e.g. 12,4");
+  EXPECT_EQ(error_of("16,0", 16, 2, 1), "--replica-batches 16,0: '0' is not a positive number of sequences; write e.g. 12,4");
+  cli::TrainOptions o;
+  o.batch = 16;
+  o.dp = 2;
+  EXPECT_DOUBLE_EQ(cli::replica_share(o, 1).loss_weight, 1.0);
+  EXPECT_EQ(cli::replica_share(o, 1).begin, 8);
 }
 
 }  // namespace

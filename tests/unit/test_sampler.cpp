@@ -66,6 +66,23 @@ TEST(SamplerTest, ShardsConcatenateToGlobalBatchForEveryWorldSize) {
   }
 }
 
+TEST(SamplerTest, UnequalReplicaSlicesConcatenateToGlobalBatch) {
+  BatchSampler s(100000, 32, 16, 7);
+  const auto global = s.global_offsets(5);
+  std::vector<uint64_t> joined;
+  int64_t begin = 0;
+  for (int64_t count : {12, 3, 1}) {
+    const auto part = s.slice(5, begin, count);
+    EXPECT_EQ(part.size(), static_cast<size_t>(count));
+    joined.insert(joined.end(), part.begin(), part.end());
+    begin += count;
+  }
+  EXPECT_EQ(joined, global);
+  EXPECT_THROW(s.slice(5, 12, 5), InvalidArgument);  // past the end
+  EXPECT_THROW(s.slice(5, 0, 0), InvalidArgument);
+  EXPECT_THROW(s.slice(5, -1, 2), InvalidArgument);
+}
+
 TEST(SamplerTest, ResumeAtAnyStepMatchesUninterruptedRun) {
   BatchSampler first(50000, 16, 4, 9);
   std::vector<std::vector<uint64_t>> run;

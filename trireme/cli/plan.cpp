@@ -29,7 +29,7 @@ struct PlanFlags {
   bool evaluate = false;
   int dp = 0, tp = 1, pp = 1, chunks = 1, zero = 0;
   int64_t micro_batches = 1;
-  std::string schedule, pp_split;
+  std::string schedule, pp_split, replica_batches;
   bool compare_symmetric = false;
 };
 
@@ -59,9 +59,21 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   l.zero = f.zero;
   l.micro_batches = static_cast<int>(f.micro_batches);
   TRIREME_CHECK(l.micro_batches >= 1 && f.global_batch >= 1, "--micro-batches and --global-batch must be at least 1");
-  TRIREME_CHECK(f.global_batch % (int64_t{l.dp} * l.micro_batches) == 0, "--global-batch ", f.global_batch,
-                " is not divisible by dp x --micro-batches = ", l.dp * l.micro_batches);
-  l.micro_batch_size = static_cast<int>(f.global_batch / (l.dp * l.micro_batches));
+  if (!f.replica_batches.empty()) {
+    // The runtime's rules and errors for --replica-batches.
+    TrainOptions train;
+    train.batch = f.global_batch;
+    train.dp = l.dp;
+    train.micro_batches = l.micro_batches;
+    train.replica_batches = f.replica_batches;
+    validate_replica_batches(&train);
+    for (int64_t b : train.replica_batch_sizes) l.replica_micro_batch_sizes.push_back(static_cast<int>(b / l.micro_batches));
+    l.micro_batch_size = *std::max_element(l.replica_micro_batch_sizes.begin(), l.replica_micro_batch_sizes.end());
+  } else {
+    TRIREME_CHECK(f.global_batch % (int64_t{l.dp} * l.micro_batches) == 0, "--global-batch ", f.global_batch,
+                  " is not divisible by dp x --micro-batches = ", l.dp * l.micro_batches);
+    l.micro_batch_size = static_cast<int>(f.global_batch / (l.dp * l.micro_batches));
+  }
   if (l.pp > 1) l.schedule = pipeline::parse_schedule(f.schedule.empty() ? "1f1b" : f.schedule);
   const int layers = static_cast<int>(profile.layers.size());
   if (!f.pp_split.empty()) {
@@ -88,7 +100,11 @@ void print_candidate(const plan::Candidate& c, const plan::Cluster& cluster) {
       const auto& r = l.split[v * l.pp + s];
       layers += (v ? "," : "") + std::to_string(r.begin) + ":" + std::to_string(r.end);
     }
-    const std::string group = cluster.groups[l.ranks[l.rank_of(s, 0, 0)].group].name;
+    std::string group;  // the groups its replicas run on
+    for (int r = 0; r < l.dp; ++r) {
+      const std::string& name = cluster.groups[l.ranks[l.rank_of(s, r, 0)].group].name;
+      if (("+" + group + "+").find("+" + name + "+") == std::string::npos) group += (group.empty() ? "" : "+") + name;
+    }
     std::printf("  %-5d %-12s %-16s %6.2f %10s %10s %10s %10s %12s\n", s, group.c_str(), layers.c_str(), sc.speed,
                 ms(sc.compute_s).c_str(), ms(sc.sync_total_s).c_str(), ms(sc.sync_exposed_s).c_str(),
                 ms(sc.optimizer_s).c_str(), mib(sc.memory_bytes()).c_str());
@@ -121,6 +137,8 @@ int plan_main(const std::vector<std::string>& args) {
   parser.add("micro-batches", &f.micro_batches, "with --evaluate: micro-batches per replica");
   parser.add("zero", &f.zero, "with --evaluate: ZeRO stage");
   parser.add("pp-split", &f.pp_split, "with --evaluate: layer split (default: balanced by profiled time)");
+  parser.add("replica-batches", &f.replica_batches,
+             "with --evaluate: sequences of each data-parallel replica, e.g. 12,4 (default: even)");
   const auto rest = parser.parse(args);
   if (parser.help_requested()) {
     std::fputs("usage: trireme plan --profile profile.json (--cluster cluster.json | --local N)\n"

@@ -13,6 +13,7 @@ class DataParallelEngine final : public TrainEngine {
       : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         model_(opt.model, static_cast<uint64_t>(opt.seed), tp_),
         leader_(groups.rank == 0),
+        loss_weight_(replica_share(opt, groups.coord("dp")).loss_weight),
         slowdown_(opt, groups.rank) {
     model_->to(device);
     ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"),
@@ -33,6 +34,7 @@ class DataParallelEngine final : public TrainEngine {
       if (k + 1 < m) no_sync.emplace(*ddp_);
       const double f0 = obs::now_us();
       at::Tensor loss = model_->loss(micro_batches[k].inputs, micro_batches[k].targets) / static_cast<double>(m);
+      if (loss_weight_ != 1) loss = loss * loss_weight_;  // unequal replica batches
       const double f1 = obs::now_us();
       slowdown_.after((f1 - f0) * 1e-6);
       const double f2 = obs::now_us();
@@ -76,6 +78,7 @@ class DataParallelEngine final : public TrainEngine {
   tensor::TensorParallel tp_;
   models::Gpt model_;
   bool leader_;
+  double loss_weight_;
   EmulatedSlowdown slowdown_;
   std::unique_ptr<parallel::DataParallel> ddp_;
 };

@@ -1,5 +1,7 @@
 #include "trireme/cli/train_options.h"
 
+#include <cstdlib>
+
 #include "trireme/common/error.h"
 #include "trireme/dist/mesh.h"
 #include "trireme/optim/lr_schedule.h"
@@ -31,6 +33,8 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("data", &o->data, "UTF-8 text file to train on (default: the bundled KJV corpus)");
   p.add("out", &o->out, "run directory for metrics.jsonl and trace.json");
   p.add("dp", &o->dp, "data-parallel size (default: all ranks)");
+  p.add("replica-batches", &o->replica_batches,
+        "sequences of each data-parallel replica, e.g. 12,4 (summing to --batch): fewer on slower devices");
   p.add("tp", &o->tp, "tensor-parallel size");
   p.add("pp", &o->pp, "pipeline-parallel size");
   p.add("mesh-order", &o->mesh_order, "rank order of the mesh axes, innermost first");
@@ -93,6 +97,51 @@ void validate_pipeline_options(TrainOptions* o) {
 
 }  // namespace
 
+void validate_replica_batches(TrainOptions* o) {
+  o->replica_batch_sizes.clear();
+  if (o->replica_batches.empty()) {
+    TRIREME_CHECK(o->batch % o->dp == 0, "--batch ", o->batch, " is not divisible by ", o->dp,
+                  " data-parallel ranks; choose a multiple of ", o->dp, " (or give --replica-batches)");
+    return;
+  }
+  std::string rest = o->replica_batches;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    char* end = nullptr;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    TRIREME_CHECK(!item.empty() && *end == '\0' && value >= 1, "--replica-batches ", o->replica_batches,
+                  ": '", item, "' is not a positive number of sequences; write e.g. 12,4");
+    o->replica_batch_sizes.push_back(value);
+  }
+  TRIREME_CHECK(static_cast<int>(o->replica_batch_sizes.size()) == o->dp, "--replica-batches ",
+                o->replica_batches, " gives ", o->replica_batch_sizes.size(), " replicas but --dp is ", o->dp,
+                "; give one count per data-parallel replica");
+  int64_t sum = 0;
+  for (int64_t b : o->replica_batch_sizes) {
+    sum += b;
+    TRIREME_CHECK(b % o->micro_batches == 0, "--replica-batches ", o->replica_batches, ": ", b,
+                  " sequences are not divisible by --micro-batches ", o->micro_batches,
+                  "; give every replica a multiple of ", o->micro_batches);
+  }
+  TRIREME_CHECK(sum == o->batch, "--replica-batches ", o->replica_batches, " sum to ", sum, " but --batch is ",
+                o->batch, "; make them add up to the global batch");
+}
+
+ReplicaShare replica_share(const TrainOptions& o, int replica) {
+  ReplicaShare share;
+  if (o.replica_batch_sizes.empty()) {
+    share.count = o.batch / o.dp;
+    share.begin = replica * share.count;
+    return share;
+  }
+  for (int r = 0; r < replica; ++r) share.begin += o.replica_batch_sizes[r];
+  share.count = o.replica_batch_sizes[replica];
+  share.loss_weight = static_cast<double>(o.dp) * share.count / static_cast<double>(o.batch);
+  return share;
+}
+
 void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o) {
   TRIREME_CHECK(p.model.vocab >= 256, origin, ": the model's vocabulary is ", p.model.vocab,
                 " but training reads bytes (256 symbols); plan a model with vocab 256 or more");
@@ -111,6 +160,9 @@ void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o)
   o->micro_batches = p.micro_batches;
   o->zero = p.zero;
   o->pp_split = p.pp_split;
+  o->replica_batches.clear();
+  for (int b : p.replica_micro_batch_sizes)
+    o->replica_batches += (o->replica_batches.empty() ? "" : ",") + std::to_string(int64_t{b} * p.micro_batches);
   o->mesh_order = "tp-dp-pp";  // the plan's rank numbering
   if (o->emulate_slowdown.empty()) o->emulate_slowdown = plan::slowdown_flag(p);
   o->predicted_step_s = p.predicted_step_s;
@@ -136,12 +188,13 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",
                 world_size, " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
   plan::check_slowdown(o->emulate_slowdown, world_size);
-  TRIREME_CHECK(o->batch % o->dp == 0, "--batch ", o->batch, " is not divisible by ", o->dp,
-                " data-parallel ranks; choose a multiple of ", o->dp);
-  const int64_t local = o->batch / o->dp;
-  TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
-                " sequences) is not divisible by --micro-batches ", o->micro_batches,
-                "; choose --micro-batches dividing ", local);
+  validate_replica_batches(o);
+  if (o->replica_batch_sizes.empty()) {
+    const int64_t local = o->batch / o->dp;
+    TRIREME_CHECK(local % o->micro_batches == 0, "each rank's share of --batch (", local,
+                  " sequences) is not divisible by --micro-batches ", o->micro_batches,
+                  "; choose --micro-batches dividing ", local);
+  }
   dist::Mesh::from_sizes(o->dp, o->tp, o->pp, o->mesh_order);  // throws naming a bad --mesh-order
   validate_pipeline_options(o);
   TRIREME_CHECK(o->zero >= 0 && o->zero <= 2, "--zero ", o->zero,

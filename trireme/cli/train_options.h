@@ -26,6 +26,8 @@ struct TrainOptions {
   std::string data;          // empty: the bundled corpus
   std::string out = "runs/gpt";
   int dp = 0;                // 0: every rank data-parallel
+  std::string replica_batches;  // "12,4": sequences of each data-parallel replica; "": even
+  std::vector<int64_t> replica_batch_sizes;  // parsed from it by validate_train_options
   int tp = 1;
   int pp = 1;
   std::string mesh_order = "tp-dp-pp";
@@ -53,6 +55,18 @@ struct TrainOptions {
   bool quiet = false;
 };
 
+// The slice of the global batch that data-parallel replica `replica` takes each step:
+// --batch / dp sequences each, or under --replica-batches its own count (a replica on a
+// slower device takes fewer). Its micro-batches are count / micro_batches sequences.
+struct ReplicaShare {
+  int64_t begin = 0, count = 0;
+  // dp * count / batch: the replica's mean loss is weighted by it before backward, so
+  // that DataParallel's average of the replicas' gradients is the global batch's mean
+  // (exactly 1 when the shares are even).
+  double loss_weight = 1;
+};
+ReplicaShare replica_share(const TrainOptions& options, int replica);
+
 // Registers the model-shape flags --layers --dim --heads --seq (shared by train, profile
 // and plan).
 void add_model_flags(FlagParser& parser, models::GptConfig* model);
@@ -63,6 +77,10 @@ void add_train_flags(FlagParser& parser, TrainOptions* options);
 // The layout, global batch and model shape of a plan (and its emulated slowdowns unless
 // --emulate-slowdown is given); `origin` names the plan in errors.
 void apply_plan(const plan::Plan& plan, const std::string& origin, TrainOptions* options);
+
+// Parses and checks --replica-batches against --batch, --dp and --micro-batches, filling
+// replica_batch_sizes (empty when not given). Throws InvalidArgument naming the flag.
+void validate_replica_batches(TrainOptions* options);
 
 // Checks everything that can be checked before starting processes, given the world size
 // the launch will produce. Throws InvalidArgument with one line naming the flag.

@@ -14,7 +14,7 @@ std::vector<double> agreed_costs(const TrainOptions& opt, dist::World& world,
                                  const pipeline::LayerList& layers, at::Device device) {
   std::vector<double> costs;
   if (opt.pp_balance == "params") return pipeline::parameter_costs(layers);
-  const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+  const int64_t micro = replica_share(opt, 0).count / opt.micro_batches;  // rank 0's
   // Under tensor parallelism a layer's forward is a collective of its tensor-parallel
   // group, so every rank measures (each group in step) and rank 0's figures are used.
   if (world.rank() == 0 || opt.tp > 1) {
@@ -63,12 +63,15 @@ class PipelineEngine final : public TrainEngine {
       for (int c = 0; c < spec_.chunks; ++c) mine.push_back(ranges[c * spec_.stages + stage_]);
       stage_module_ = std::make_shared<pipeline::StageModule>(layers, mine);
     }
-    const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+    // Every stage of a replica agrees on its micro-batch size; replicas may differ.
+    const ReplicaShare share = replica_share(opt, groups.coord("dp"));
+    const int64_t micro = share.count / opt.micro_batches;
     executor_ = std::make_unique<pipeline::StageExecutor>(
         spec_, stage_, stage_module_->parts(),
-        [tp = tp_](const at::Tensor& logits, const at::Tensor& targets) {
-          return tensor::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                      targets.reshape({-1}), tp);
+        [tp = tp_, weight = share.loss_weight](const at::Tensor& logits, const at::Tensor& targets) {
+          at::Tensor loss = tensor::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                                 targets.reshape({-1}), tp);
+          return weight == 1 ? loss : loss * weight;
         },
         pipeline::ActivationSpec{{micro, opt.model.seq_len, opt.model.dim}, at::kFloat, device}, pp_group_);
     parallel::DataParallelOptions dp_options = data_parallel_options(opt);

@@ -106,6 +106,7 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
              .add("zero", opt.zero)
              .add("schedule", opt.pp > 1 ? opt.schedule : std::string("none"))
              .add("micro_batches", opt.micro_batches)
+             .add("replica_batches", opt.replica_batches.empty() ? std::string("even") : opt.replica_batches)
              .add("chunks", opt.chunks)
              .add_raw("traced_steps", "[" + std::to_string(first_traced) + ", " + std::to_string(last_traced) + "]")
              .add_raw("ranks", ranks)
@@ -206,7 +207,18 @@ int train_worker_main(const std::vector<std::string>& args) {
   dist::World world = dist::World::from_env(world_options);
   // An elastic job (--nnodes MIN:MAX) keeps tp and pp and chooses dp for the ranks present.
   const bool elastic = ft::elastic_from_env();
-  if (elastic) opt.dp = 0;
+  if (elastic) {
+    opt.dp = 0;
+    // Per-replica batch sizes belong to the devices they were chosen for: when the
+    // membership changes the number of replicas, the batch is split evenly again.
+    const int dp = world.size() / std::max(1, opt.tp * opt.pp);
+    if (!opt.replica_batches.empty() && std::count(opt.replica_batches.begin(), opt.replica_batches.end(), ',') + 1 != dp) {
+      if (world.rank() == 0)
+        std::fprintf(stderr, "gpt: --replica-batches %s names a different number of replicas than the %d now present; "
+                             "splitting --batch evenly\n", opt.replica_batches.c_str(), dp);
+      opt.replica_batches.clear();
+    }
+  }
   validate_train_options(&opt, world.size());
   const int rank = world.rank();
   const bool leader = rank == 0;
@@ -330,13 +342,15 @@ int train_worker_main(const std::vector<std::string>& args) {
   const int64_t trace_first = opt.steps > 1 ? 1 : 0;  // skip the warm-up step
   const int64_t trace_last = trace_first + opt.trace_steps;
   const int64_t tokens_per_step = opt.batch * opt.model.seq_len;
-  const int64_t micro = opt.batch / opt.dp / opt.micro_batches;
+  const ReplicaShare share = replica_share(opt, dp_rank);
+  const int64_t micro = share.count / opt.micro_batches;
   if (leader && !opt.quiet)
-    std::fprintf(stderr, "gpt: %lld parameters | %s | %s | batch %lld x %lld bytes | %lld steps\n",
+    std::fprintf(stderr, "gpt: %lld parameters | %s | %s | batch %lld%s x %lld bytes | %lld steps\n",
                  (long long)models::GptConfig(opt.model).num_parameters(), mesh.describe().c_str(),
                  (engine->describe() + (opt.zero ? ", ZeRO-" + std::to_string(opt.zero) : "")).c_str(),
-                 (long long)opt.batch, (long long)opt.model.seq_len,
-                 (long long)opt.steps);
+                 (long long)opt.batch,
+                 opt.replica_batches.empty() ? "" : (" (replicas " + opt.replica_batches + ")").c_str(),
+                 (long long)opt.model.seq_len, (long long)opt.steps);
 
   double elapsed_s = 0;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
@@ -357,7 +371,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
     const double step_start = obs::now_us();
     StepTimes times;
-    const auto offsets = sampler.shard(step, dp_rank, opt.dp);
+    const auto offsets = sampler.slice(step, share.begin, share.count);
     std::vector<data::Batch> micro_batches;
     for (int64_t m = 0; m < opt.micro_batches; ++m) {
       std::vector<uint64_t> part(offsets.begin() + m * micro, offsets.begin() + (m + 1) * micro);

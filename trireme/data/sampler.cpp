@@ -49,11 +49,15 @@ std::vector<uint64_t> BatchSampler::shard(int64_t step, int64_t rank, int64_t wo
                 " is not divisible by ", world, " data-parallel ranks; choose a multiple of ",
                 world);
   const int64_t per_rank = global_batch_ / world;
+  return slice(step, rank * per_rank, per_rank);
+}
+
+std::vector<uint64_t> BatchSampler::slice(int64_t step, int64_t begin, int64_t count) const {
+  TRIREME_CHECK(count >= 1 && begin >= 0 && begin + count <= global_batch_, "sequences [", begin, ", ",
+                begin + count, ") are not a slice of the global batch of ", global_batch_);
   std::vector<uint64_t> out;
-  out.reserve(static_cast<size_t>(per_rank));
-  for (int64_t i = rank * per_rank; i < (rank + 1) * per_rank; ++i) {
-    out.push_back(offset(step, i));
-  }
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t i = begin; i < begin + count; ++i) out.push_back(offset(step, i));
   return out;
 }
 

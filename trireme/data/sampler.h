@@ -10,7 +10,9 @@
 // function of (seed, step, index): no state advances, so resuming at step s needs only s,
 // and the global batch is the same whatever the number of ranks. Data-parallel rank r of
 // W takes the contiguous slice [r*B/W, (r+1)*B/W) of the global batch, so concatenating
-// the shards of ranks 0..W-1 gives the global batch back. Pure C++: no libtorch.
+// the shards of ranks 0..W-1 gives the global batch back. Replicas of unequal batch sizes
+// (a replica on a slower device takes fewer sequences) take contiguous slices of their
+// own lengths, in replica order: slice(). Pure C++: no libtorch.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,10 @@ class BatchSampler {
   // Rank `rank`'s contiguous slice of global_offsets(step). Throws InvalidArgument when
   // world < 1, rank is outside [0, world) or global_batch % world != 0.
   std::vector<uint64_t> shard(int64_t step, int64_t rank, int64_t world) const;
+
+  // Offsets [begin, begin + count) of global_offsets(step). Throws InvalidArgument when
+  // the range is empty or leaves the global batch.
+  std::vector<uint64_t> slice(int64_t step, int64_t begin, int64_t count) const;
 
   // One offset, for callers that want a single window: index in [0, global_batch).
   uint64_t offset(int64_t step, int64_t index) const;

@@ -52,6 +52,12 @@ void check_layout(const Profile& profile, const Cluster& cluster, const Layout& 
                 "a layout needs dp, tp, pp and chunks >= 1");
   TRIREME_CHECK(layout.micro_batches >= 1 && layout.micro_batch_size >= 1,
                 "a layout needs micro_batches and micro_batch_size >= 1");
+  if (!layout.replica_micro_batch_sizes.empty()) {
+    TRIREME_CHECK(static_cast<int>(layout.replica_micro_batch_sizes.size()) == layout.dp, "the layout gives ",
+                  layout.replica_micro_batch_sizes.size(), " per-replica micro-batch sizes but dp is ", layout.dp);
+    for (int b : layout.replica_micro_batch_sizes)
+      TRIREME_CHECK(b >= 1, "a replica's micro-batch size must be >= 1, got ", b);
+  }
   TRIREME_CHECK(layout.zero >= 0 && layout.zero <= 2, "zero must be 0, 1 or 2");
   TRIREME_CHECK(layout.zero == 0 || layout.dp > 1, "ZeRO shards over the data-parallel group, which has 1 rank; use dp 2 or more, or zero 0");
   TRIREME_CHECK(layout.chunks == 1 || layout.pp > 1, "chunks ", layout.chunks, " need a pipeline (pp 2 or more, interleaved)");
@@ -217,42 +223,34 @@ ReplayResult replay(const pipeline::ScheduleSpec& spec, const InstructionTimes& 
   return r;
 }
 
-Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
-                  const CostOptions& options) {
-  check_layout(profile, cluster, layout);
-  const int p = layout.pp, v = layout.chunks, dp = layout.dp, tp = layout.tp;
-  const double b = layout.micro_batch_size;
-  const pipeline::ScheduleSpec spec{p > 1 ? layout.schedule : pipeline::ScheduleKind::kOneFOneB, p,
-                                    layout.micro_batches, p > 1 ? v : 1};
-  auto stage_ranks = [&](int s, bool all_tp) {
-    std::vector<DeviceSlot> out;
-    for (int r = 0; r < dp; ++r)
-      for (int t = 0; t < (all_tp ? tp : 1); ++t) out.push_back(layout.ranks[layout.rank_of(s, r, t)]);
-    return out;
-  };
-  auto tp_group = [&](int s) {
-    std::vector<DeviceSlot> out;
-    for (int t = 0; t < tp; ++t) out.push_back(layout.ranks[layout.rank_of(s, 0, t)]);
-    return out;
-  };
+namespace {
 
-  Estimate e;
-  e.stages.resize(p);
+// One replica's pipeline on its own devices at its own micro-batch size: the instruction
+// times the replay needs, the tensor-parallel collectives modelled per stage and the
+// longest boundary transfer.
+struct ReplicaPipeline {
   InstructionTimes times;
+  std::vector<double> tp_comm;
+  double p2p_s = 0;
+};
+
+ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster, const Layout& layout, int r,
+                                 double in_place) {
+  const int p = layout.pp, v = layout.chunks, tp = layout.tp;
+  const double b = layout.micro_batch_size_of(r);
+  ReplicaPipeline out;
+  InstructionTimes& times = out.times;
   times.forward.assign(p, std::vector<double>(v, 0));
-  times.backward_input = times.backward_weight = times.backward_full = times.activation_bytes =
-      times.forward;
-  std::vector<double> tp_comm(p, 0);  // modelled tensor-parallel collectives per step
-  const double in_place = in_place_factor(profile, b);  // the layers' parts as a whole step
+  times.backward_input = times.backward_weight = times.backward_full = times.activation_bytes = times.forward;
+  out.tp_comm.assign(p, 0);
   for (int s = 0; s < p; ++s) {
-    StageCost& sc = e.stages[s];
-    sc.speed = 1e300;
-    sc.device_memory_bytes = 1e300;
-    for (const DeviceSlot& d : stage_ranks(s, true)) {
-      sc.speed = std::min(sc.speed, cluster.groups[d.group].speed(profile));
-      sc.device_memory_bytes = std::min(sc.device_memory_bytes, cluster.groups[d.group].memory_bytes);
+    double speed = 1e300;
+    std::vector<DeviceSlot> tp_members;
+    for (int t = 0; t < tp; ++t) {
+      const DeviceSlot& d = layout.ranks[layout.rank_of(s, r, t)];
+      tp_members.push_back(d);
+      speed = std::min(speed, cluster.groups[d.group].speed(profile));
     }
-    const std::vector<DeviceSlot> tp_members = tp_group(s);
     for (int c = 0; c < v; ++c) {
       const pipeline::LayerRange range = layout.split[c * p + s];
       // Measured at this tp (collectives included) when the profile has it; otherwise the
@@ -260,7 +258,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       bool measured_tp = tp > 1;
       for (int l = range.begin; l < range.end; ++l)
         measured_tp = measured_tp && tensor_parallel_rows(profile.layers[l], tp) != nullptr;
-      const double scale = in_place / (sc.speed * (measured_tp ? 1 : tp));
+      const double scale = in_place / (speed * (measured_tp ? 1 : tp));
       auto work_sum = [&](Work work) {
         double t = 0;
         for (int l = range.begin; l < range.end; ++l)
@@ -298,7 +296,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       double act = 0;
       for (int l = range.begin; l < range.end; ++l) act += layer_activation_bytes(profile.layers[l], b);
       times.activation_bytes[s][c] = act / tp;
-      tp_comm[s] += (tp_forward + tp_backward) * layout.micro_batches;
+      out.tp_comm[s] += (tp_forward + tp_backward) * layout.micro_batches;
     }
   }
   const int parts = p * v;
@@ -308,25 +306,88 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     const int s = vs % p;
     if (vs + 1 < parts) {
       const double bytes = layer_output_bytes(profile.layers[layout.split[vs].end - 1], b);
-      const int to = (vs + 1) % p;
-      for (int r = 0; r < dp; ++r) {
-        const double t = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
-                                  layout.ranks[layout.rank_of(to, r, 0)], bytes);
-        times.send_forward[vs] = std::max(times.send_forward[vs], t);
-      }
-      e.p2p_s = std::max(e.p2p_s, times.send_forward[vs]);
+      times.send_forward[vs] = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
+                                        layout.ranks[layout.rank_of((vs + 1) % p, r, 0)], bytes);
+      out.p2p_s = std::max(out.p2p_s, times.send_forward[vs]);
     }
     if (vs > 0) {
       const double bytes = layer_output_bytes(profile.layers[layout.split[vs - 1].end - 1], b);
-      const int to = (vs - 1 + p) % p;
-      for (int r = 0; r < dp; ++r)
-        times.send_backward[vs] =
-            std::max(times.send_backward[vs], p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
-                                                       layout.ranks[layout.rank_of(to, r, 0)], bytes));
+      times.send_backward[vs] = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
+                                         layout.ranks[layout.rank_of((vs - 1 + p) % p, r, 0)], bytes);
     }
   }
-  const ReplayResult rep = replay(spec, times);
-  e.makespan_s = rep.makespan_s;
+  return out;
+}
+
+// What replica_pipeline reads of replica r's placement: its micro-batch size, each rank's
+// group, how its tensor-parallel groups sit on machines, and which boundaries stay inside
+// a machine. Replicas with equal keys have equal pipelines (and replay once).
+std::vector<int> replica_key(const Layout& layout, int r) {
+  const int p = layout.pp, tp = layout.tp;
+  std::vector<int> key{layout.micro_batch_size_of(r)};
+  for (int s = 0; s < p; ++s) {
+    std::map<std::pair<int, int>, int> per_machine;
+    for (int t = 0; t < tp; ++t) {
+      const DeviceSlot& d = layout.ranks[layout.rank_of(s, r, t)];
+      key.push_back(d.group);
+      ++per_machine[{d.group, d.machine}];
+    }
+    key.push_back(static_cast<int>(per_machine.size()));
+    for (const auto& [machine, count] : per_machine) key.push_back(count);
+    const DeviceSlot& a = layout.ranks[layout.rank_of(s, r, 0)];
+    const DeviceSlot& b = layout.ranks[layout.rank_of((s + 1) % p, r, 0)];
+    key.push_back(a.group == b.group && a.machine == b.machine);
+  }
+  return key;
+}
+
+}  // namespace
+
+Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
+                  const CostOptions& options) {
+  check_layout(profile, cluster, layout);
+  const int p = layout.pp, v = layout.chunks, dp = layout.dp, tp = layout.tp;
+  const pipeline::ScheduleSpec spec{p > 1 ? layout.schedule : pipeline::ScheduleKind::kOneFOneB, p,
+                                    layout.micro_batches, p > 1 ? v : 1};
+  auto stage_ranks = [&](int s, bool all_tp) {
+    std::vector<DeviceSlot> out;
+    for (int r = 0; r < dp; ++r)
+      for (int t = 0; t < (all_tp ? tp : 1); ++t) out.push_back(layout.ranks[layout.rank_of(s, r, t)]);
+    return out;
+  };
+
+  Estimate e;
+  e.stages.resize(p);
+  for (int s = 0; s < p; ++s) {
+    StageCost& sc = e.stages[s];
+    sc.speed = 1e300;
+    sc.device_memory_bytes = 1e300;
+    for (const DeviceSlot& d : stage_ranks(s, true)) {
+      sc.speed = std::min(sc.speed, cluster.groups[d.group].speed(profile));
+      sc.device_memory_bytes = std::min(sc.device_memory_bytes, cluster.groups[d.group].memory_bytes);
+    }
+  }
+  // (1) Each replica's pipeline replayed on its own devices at its own micro-batch size
+  // (replicas that would replay the same numbers share one replay); synchronous training
+  // waits for the slowest.
+  std::map<int, double> in_place;  // by micro-batch size: the layers' parts as a whole step
+  std::map<std::vector<int>, ReplayResult> replays;
+  std::vector<const ReplayResult*> rep(dp);
+  std::vector<double> tp_comm(p, 0);
+  for (int r = 0; r < dp; ++r) {
+    std::vector<int> key = replica_key(layout, r);
+    auto it = replays.find(key);
+    if (it == replays.end()) {
+      const int b = layout.micro_batch_size_of(r);
+      if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b);
+      const ReplicaPipeline rp = replica_pipeline(profile, cluster, layout, r, in_place[b]);
+      it = replays.emplace(std::move(key), replay(spec, rp.times)).first;
+      e.p2p_s = std::max(e.p2p_s, rp.p2p_s);
+      for (int s = 0; s < p; ++s) tp_comm[s] = std::max(tp_comm[s], rp.tp_comm[s]);
+    }
+    rep[r] = &it->second;
+    e.makespan_s = std::max(e.makespan_s, rep[r]->makespan_s);
+  }
   e.tp_comm_s = *std::max_element(tp_comm.begin(), tp_comm.end());
 
   // Two scalar all-reduces close every step: the gradient norm's and the loss's.
@@ -334,10 +395,13 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   double bubble = 0;
   for (int s = 0; s < p; ++s) {
     StageCost& sc = e.stages[s];
-    sc.compute_s = rep.busy_s[s];
-    sc.pipeline_end_s = rep.end_s[s];
-    sc.peak_live = rep.peak_live[s];
-    bubble += rep.makespan_s > 0 ? (rep.makespan_s - rep.busy_s[s]) / rep.makespan_s : 0;
+    for (int r = 0; r < dp; ++r) {
+      sc.compute_s = std::max(sc.compute_s, rep[r]->busy_s[s]);
+      sc.pipeline_end_s = std::max(sc.pipeline_end_s, rep[r]->end_s[s]);
+      sc.peak_live = std::max(sc.peak_live, rep[r]->peak_live[s]);
+      sc.activation_bytes = std::max(sc.activation_bytes, rep[r]->peak_activation_bytes[s]);
+    }
+    bubble += e.makespan_s > 0 ? (e.makespan_s - sc.compute_s) / e.makespan_s : 0;
     double params = 0, optimizer_s = 0;
     for (int c = 0; c < v; ++c) {
       const pipeline::LayerRange range = layout.split[c * p + s];
@@ -347,13 +411,37 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       }
     }
     const std::vector<DeviceSlot> dp_members = stage_ranks(s, false);
-    // (2) buckets, chunk by chunk in the order their last backward ends, last layer first.
+    // (2) buckets, chunk by chunk in the order their last backward ends, last layer first;
+    // a layer's gradient is ready when every replica's backward has passed it.
     if (dp > 1) {
+      std::vector<std::vector<double>> layer_ready(v);
+      std::vector<double> chunk_end(v, 0);
+      std::map<std::pair<const ReplayResult*, int>, bool> seen;
+      for (int r = 0; r < dp; ++r) {
+        const int b = layout.micro_batch_size_of(r);
+        if (!seen.emplace(std::make_pair(rep[r], b), true).second) continue;
+        for (int c = 0; c < v; ++c) {
+          const pipeline::LayerRange range = layout.split[c * p + s];
+          layer_ready[c].resize(range.end - range.begin, 0);
+          const auto [start, end] = rep[r]->last_backward[s][c];
+          chunk_end[c] = std::max(chunk_end[c], end);
+          double work_total = 0;
+          for (int l = range.begin; l < range.end; ++l)
+            work_total += layer_time(profile.layers[l], Work::kBackwardInput, b) +
+                          layer_time(profile.layers[l], Work::kBackwardWeight, b);
+          double work_done = 0;
+          for (int l = range.end - 1; l >= range.begin; --l) {
+            work_done += layer_time(profile.layers[l], Work::kBackwardInput, b) +
+                         layer_time(profile.layers[l], Work::kBackwardWeight, b);
+            const double ready = start + (end - start) * (work_total > 0 ? work_done / work_total : 1.0);
+            double& slot = layer_ready[c][l - range.begin];
+            slot = std::max(slot, ready);
+          }
+        }
+      }
       std::vector<int> chunk_order(v);
       for (int c = 0; c < v; ++c) chunk_order[c] = c;
-      std::sort(chunk_order.begin(), chunk_order.end(), [&](int a, int c) {
-        return rep.last_backward[s][a].second < rep.last_backward[s][c].second;
-      });
+      std::sort(chunk_order.begin(), chunk_order.end(), [&](int a, int c) { return chunk_end[a] < chunk_end[c]; });
       const double grad_per_param = profile.state.grad;
       const double collective_share = layout.zero == 2 ? 0.5 : 1.0;  // reduce-scatter: half
       double comm_free = 0, bucket_bytes = 0, bucket_ready = 0;
@@ -368,18 +456,9 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       };
       for (int c : chunk_order) {
         const pipeline::LayerRange range = layout.split[c * p + s];
-        const auto [start, end] = rep.last_backward[s][c];
-        double work_total = 0;
-        for (int l = range.begin; l < range.end; ++l)
-          work_total += layer_time(profile.layers[l], Work::kBackwardInput, b) +
-                        layer_time(profile.layers[l], Work::kBackwardWeight, b);
-        double work_done = 0;
         for (int l = range.end - 1; l >= range.begin; --l) {
-          const LayerProfile& layer = profile.layers[l];
-          work_done += layer_time(layer, Work::kBackwardInput, b) + layer_time(layer, Work::kBackwardWeight, b);
-          const double ready = start + (end - start) * (work_total > 0 ? work_done / work_total : 1.0);
-          bucket_bytes += static_cast<double>(layer.parameters) / tp * grad_per_param;
-          bucket_ready = std::max(bucket_ready, ready);
+          bucket_bytes += static_cast<double>(profile.layers[l].parameters) / tp * grad_per_param;
+          bucket_ready = std::max(bucket_ready, layer_ready[c][l - range.begin]);
           if (bucket_bytes >= cap) flush();
         }
       }
@@ -403,15 +482,21 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     // reduce-scatters into the shards.
     if (dp > 1 && layout.zero < 2) sc.grad_bytes += params * profile.state.grad;
     sc.optimizer_bytes = params * profile.state.optimizer / shard;
-    sc.activation_bytes = rep.peak_activation_bytes[s];
-    const double usable = sc.device_memory_bytes * (1 - options.memory_reserve);
-    if (e.fits && sc.memory_bytes() > usable) {
+    // Each replica's activations on its own devices (replicas of unequal batches differ).
+    const double state_bytes = sc.param_bytes + sc.grad_bytes + sc.optimizer_bytes;
+    for (int r = 0; r < dp && e.fits; ++r) {
+      double device_bytes = 1e300;
+      for (int t = 0; t < tp; ++t)
+        device_bytes = std::min(device_bytes, cluster.groups[layout.ranks[layout.rank_of(s, r, t)].group].memory_bytes);
+      const double usable = device_bytes * (1 - options.memory_reserve);
+      const double activations = rep[r]->peak_activation_bytes[s];
+      if (state_bytes + activations <= usable) continue;
       e.fits = false;
       std::ostringstream why;
-      why << "stage " << s << " needs " << gib(sc.memory_bytes()) << " per device (parameters "
-          << gib(sc.param_bytes) << ", gradients " << gib(sc.grad_bytes) << ", optimizer "
-          << gib(sc.optimizer_bytes) << ", activations " << gib(sc.activation_bytes) << ") but has "
-          << gib(usable) << " usable";
+      why << "stage " << s << (dp > 1 ? " of replica " + std::to_string(r) : "") << " needs "
+          << gib(state_bytes + activations) << " per device (parameters " << gib(sc.param_bytes) << ", gradients "
+          << gib(sc.grad_bytes) << ", optimizer " << gib(sc.optimizer_bytes) << ", activations "
+          << gib(activations) << ") but has " << gib(usable) << " usable";
       e.reason = why.str();
     }
   }

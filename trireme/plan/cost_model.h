@@ -3,7 +3,8 @@
 //
 // A layout is what `trireme train` runs: dp x tp x pp ranks (mesh order tp-dp-pp, so
 // rank = tp_rank + dp_rank*tp + stage*tp*dp), a pipeline schedule with m micro-batches of
-// b sequences per replica (global batch = dp*m*b), v chunks per stage (interleaved), one
+// b sequences per replica (global batch = dp*m*b; or each replica its own b, the global
+// batch m times their sum), v chunks per stage (interleaved), one
 // contiguous layer split shared by every replica, a ZeRO stage, and the device each rank
 // runs on (its cluster group and machine).
 //
@@ -18,14 +19,15 @@
 //      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
 //      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
 //      (two (b,T,C) ones in each block's forward and two in its backward, one in the
-//      embeddings' forward, the head's input gradient, the loss's two small ones). The
-//      slowest replica of a stage
-//      sets its times (synchronous training waits for it). pp 1 is the same replay with
-//      one stage (m micro-batches of accumulation).
+//      embeddings' forward, the head's input gradient, the loss's two small ones). Each
+//      replica is replayed on its own devices at its own b (identical replicas once);
+//      synchronous training waits for the slowest. pp 1 is the same replay with one
+//      stage (m micro-batches of accumulation).
 //   2. data-parallel gradient sync: the stage's gradients are cut into buckets (25 MiB,
 //      the first 1 MiB, last layer first, as DataParallel does); a bucket is ready when the
 //      last backward of the step has passed its layers, and buckets go out one after
-//      another, each an all-reduce (ZeRO 2: reduce-scatter) under the alpha-beta model:
+//      another (a layer's gradient is ready once every replica's backward has passed it),
+//      each an all-reduce (ZeRO 2: reduce-scatter) under the alpha-beta model:
 //      ring 2(w-1) alpha + 2(w-1)/w n/B over the slowest link, or hierarchical (inside
 //      machines, then across them) when that is faster. `overlap` is the fraction of
 //      a bucket's time that runs beside compute (1: separate engines; less on CPU, where
@@ -68,12 +70,23 @@ struct Layout {
   int chunks = 1;            // v
   int micro_batches = 1;     // m, per replica
   int micro_batch_size = 1;  // b, sequences
+  // Per replica, when replicas take unequal shares of the batch (a replica on slower
+  // devices takes fewer sequences): replica r's b. Empty: every replica's is
+  // micro_batch_size.
+  std::vector<int> replica_micro_batch_sizes;
   int zero = 0;
   std::vector<pipeline::LayerRange> split;  // pp*chunks parts, in virtual-stage order
   std::vector<DeviceSlot> ranks;            // dp*tp*pp, by rank
 
   int world() const { return dp * tp * pp; }
-  int64_t global_batch() const { return int64_t{dp} * micro_batches * micro_batch_size; }
+  int micro_batch_size_of(int replica) const {
+    return replica_micro_batch_sizes.empty() ? micro_batch_size : replica_micro_batch_sizes[replica];
+  }
+  int64_t global_batch() const {
+    int64_t per_step = 0;
+    for (int r = 0; r < dp; ++r) per_step += micro_batch_size_of(r);
+    return per_step * micro_batches;
+  }
   int rank_of(int stage, int replica, int tp_rank) const { return tp_rank + replica * tp + stage * tp * dp; }
 };
 

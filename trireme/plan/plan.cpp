@@ -26,6 +26,7 @@ Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& 
   p.chunks = l.chunks;
   p.micro_batches = l.micro_batches;
   p.micro_batch_size = l.micro_batch_size;
+  p.replica_micro_batch_sizes = l.replica_micro_batch_sizes;
   p.zero = l.zero;
   p.pp_split = l.pp > 1 ? pipeline::format_split(l.split) : "";
   // Emulation can only slow a rank down: the fastest emulated group runs as it is, the
@@ -58,7 +59,10 @@ std::string to_json(const Plan& p) {
   if (p.pp > 1) layout["schedule"] = p.schedule;
   layout["chunks"] = p.chunks;
   layout["micro_batches"] = p.micro_batches;
-  layout["micro_batch_size"] = p.micro_batch_size;
+  if (p.replica_micro_batch_sizes.empty())
+    layout["micro_batch_size"] = p.micro_batch_size;
+  else
+    layout["replica_micro_batch_sizes"] = p.replica_micro_batch_sizes;
   layout["zero"] = p.zero;
   if (p.pp > 1) layout["pp_split"] = p.pp_split;
   const nlohmann::ordered_json out = {
@@ -89,13 +93,30 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   p.model = read_model(root.at("model"));
   p.global_batch = root.at("global_batch").integer(1);
   const Field l = root.at("layout");
-  l.only({"dp", "tp", "pp", "schedule", "chunks", "micro_batches", "micro_batch_size", "zero", "pp_split"});
+  l.only({"dp", "tp", "pp", "schedule", "chunks", "micro_batches", "micro_batch_size", "replica_micro_batch_sizes",
+          "zero", "pp_split"});
   p.dp = static_cast<int>(l.at("dp").integer(1));
   p.tp = static_cast<int>(l.at("tp").integer(1));
   p.pp = static_cast<int>(l.at("pp").integer(1));
   p.chunks = static_cast<int>(l.integer_or("chunks", 1, 1));
   p.micro_batches = static_cast<int>(l.at("micro_batches").integer(1));
-  p.micro_batch_size = static_cast<int>(l.at("micro_batch_size").integer(1));
+  int64_t per_step = 0;  // sequences of one micro-batch of every replica
+  if (l.has("replica_micro_batch_sizes")) {
+    if (l.has("micro_batch_size"))
+      l.at("micro_batch_size").fail("is given with replica_micro_batch_sizes; keep one of the two");
+    const std::vector<Field> sizes = l.at("replica_micro_batch_sizes").items();
+    if (static_cast<int>(sizes.size()) != p.dp)
+      l.at("replica_micro_batch_sizes").fail("lists " + std::to_string(sizes.size()) + " replicas but dp is " +
+                                             std::to_string(p.dp));
+    for (const Field& f : sizes) {
+      p.replica_micro_batch_sizes.push_back(static_cast<int>(f.integer(1)));
+      per_step += p.replica_micro_batch_sizes.back();
+    }
+    p.micro_batch_size = *std::max_element(p.replica_micro_batch_sizes.begin(), p.replica_micro_batch_sizes.end());
+  } else {
+    p.micro_batch_size = static_cast<int>(l.at("micro_batch_size").integer(1));
+    per_step = int64_t{p.dp} * p.micro_batch_size;
+  }
   p.zero = static_cast<int>(l.integer_or("zero", 0, 0));
   if (p.zero > 2) l.at("zero").fail("must be 0, 1 or 2");
   if (p.pp > 1) {
@@ -114,9 +135,11 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   } else if (l.has("schedule") || l.has("pp_split")) {
     l.at(l.has("schedule") ? "schedule" : "pp_split").fail("is given but pp is 1; drop it or set pp");
   }
-  if (int64_t{p.dp} * p.micro_batches * p.micro_batch_size != p.global_batch)
-    root.at("global_batch").fail("is " + std::to_string(p.global_batch) + " but dp x micro_batches x micro_batch_size = " +
-                                 std::to_string(int64_t{p.dp} * p.micro_batches * p.micro_batch_size));
+  if (per_step * p.micro_batches != p.global_batch)
+    root.at("global_batch").fail("is " + std::to_string(p.global_batch) + " but micro_batches x " +
+                                 (p.replica_micro_batch_sizes.empty() ? "dp x micro_batch_size"
+                                                                      : "the sum of replica_micro_batch_sizes") +
+                                 " = " + std::to_string(per_step * p.micro_batches));
   const std::vector<Field> ranks = root.at("ranks").items();
   if (static_cast<int>(ranks.size()) != p.world())
     root.at("ranks").fail("lists " + std::to_string(ranks.size()) + " ranks but dp x tp x pp = " +

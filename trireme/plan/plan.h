@@ -5,6 +5,8 @@
 //    "global_batch": 16,
 //    "layout": {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b", "chunks": 1,
 //               "micro_batches": 4, "micro_batch_size": 4, "zero": 0, "pp_split": "0:3,3:6"},
+//    (replicas of unequal shares: "replica_micro_batch_sizes": [3, 1] instead of
+//     "micro_batch_size"; replica r takes micro_batches x its size, --replica-batches)
 //    "ranks": [{"rank": 0, "group": "fast", "machine": 0, "device": 0, "speed": 1,
 //               "emulated_slowdown": 1}, ...],
 //    "predicted": {"step_s": 0.12, "samples_per_s": 133, "bubble_fraction": 0.2,
@@ -42,6 +44,7 @@ struct Plan {
   int chunks = 1;
   int micro_batches = 1;
   int micro_batch_size = 1;
+  std::vector<int> replica_micro_batch_sizes;  // per replica when unequal, else empty
   int zero = 0;
   std::string pp_split;  // "" when pp == 1
   std::vector<PlanRank> ranks;

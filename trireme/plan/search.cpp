@@ -98,6 +98,64 @@ std::vector<DeviceSlot> place_by_groups(const Cluster& cluster, const std::vecto
   return ranks;
 }
 
+// Places whole replicas (tp x pp devices each) inside groups: `replicas[k]` of them on
+// group order[k], a replica's devices contiguous in its group (tp ranks on one machine).
+// Rank numbering is the runtime's (tp fastest, then dp, then pp).
+std::vector<DeviceSlot> place_replicas(const Cluster& cluster, const std::vector<int>& order,
+                                       const std::vector<int>& replicas, int tp, int pp) {
+  int dp = 0;
+  for (int n : replicas) dp += n;
+  std::vector<DeviceSlot> ranks(static_cast<size_t>(dp) * tp * pp);
+  int r = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const MachineGroup& group = cluster.groups[order[k]];
+    for (int j = 0; j < replicas[k]; ++j, ++r)
+      for (int s = 0; s < pp; ++s)
+        for (int t = 0; t < tp; ++t) {
+          const int index = j * tp * pp + s * tp + t;
+          ranks[t + r * tp + s * tp * dp] = {order[k], index / group.devices_per_machine,
+                                             index % group.devices_per_machine};
+        }
+  }
+  return ranks;
+}
+
+// Micro-batch sizes per group (each of its replicas takes the group's) that add up to
+// `per_step` sequences over the replicas: around the shares proportional to the groups'
+// speeds (the replicas then finish together), a few sizes either side of each, since time
+// is not linear in the micro-batch size.
+std::vector<std::vector<int>> batch_shares(int64_t per_step, const std::vector<int>& replicas,
+                                           const std::vector<double>& speeds) {
+  double capacity = 0;
+  for (size_t k = 0; k < replicas.size(); ++k) capacity += replicas[k] * speeds[k];
+  std::vector<std::vector<int>> out;
+  std::vector<int> current(replicas.size(), 0);
+  auto recurse = [&](auto&& self, size_t k, int64_t left) -> void {
+    if (k + 1 == replicas.size()) {
+      if (left >= replicas[k] && left % replicas[k] == 0) {
+        current[k] = static_cast<int>(left / replicas[k]);
+        out.push_back(current);
+      }
+      return;
+    }
+    const double ideal = per_step * speeds[k] / capacity;
+    for (int64_t b = std::max<int64_t>(1, static_cast<int64_t>(ideal) - 1); b <= static_cast<int64_t>(ideal) + 2; ++b) {
+      if (left - b * replicas[k] < 1) break;
+      current[k] = static_cast<int>(b);
+      self(self, k + 1, left - b * replicas[k]);
+    }
+  };
+  recurse(recurse, 0, per_step);
+  // The even split, when there is one, for comparison.
+  int dp = 0;
+  for (int n : replicas) dp += n;
+  if (per_step % dp == 0) {
+    std::vector<int> even(replicas.size(), static_cast<int>(per_step / dp));
+    if (std::find(out.begin(), out.end(), even) == out.end()) out.push_back(even);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<DeviceSlot> ranks_in_file_order(const Cluster& cluster, int count) {
@@ -153,7 +211,12 @@ std::string family(const Layout& l) {
 
 std::string describe(const Layout& l) {
   std::ostringstream out;
-  out << family(l) << ", m " << l.micro_batches << " x b " << l.micro_batch_size;
+  out << family(l) << ", m " << l.micro_batches << " x b ";
+  if (l.replica_micro_batch_sizes.empty()) {
+    out << l.micro_batch_size;
+  } else {
+    for (int r = 0; r < l.dp; ++r) out << (r ? "+" : "") << l.replica_micro_batch_sizes[r];
+  }
   if (l.pp > 1) out << ", split " << pipeline::format_split(l.split);
   return out.str();
 }
@@ -254,6 +317,69 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
               for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
                 l.zero = zero;
                 consider(l, names, work);
+              }
+            }
+          }
+        }
+      }
+    }
+    if (o.aware && subset.size() >= 2 && subset.size() <= 4) {
+      // Replicas by group: every replica (tp x pp devices) inside one group, the groups'
+      // replicas taking shares of the batch by their speed, so that replicas on slower
+      // devices do not straggle (AutoHet's and Metis's uneven batches).
+      std::vector<double> speeds;
+      for (int g : subset) speeds.push_back(cluster.groups[g].speed(profile));
+      for (int64_t d : divisors(common)) {
+        for (int64_t tp : divisors(d)) {
+          bool tp_ok = profile.model.heads % tp == 0 && profile.model.vocab % tp == 0;
+          for (int g : subset) tp_ok = tp_ok && cluster.groups[g].devices_per_machine % tp == 0;
+          const int pp = static_cast<int>(d / tp);
+          if (!tp_ok || pp > layers) continue;
+          std::vector<int> replicas;
+          for (int g : subset) replicas.push_back(cluster.groups[g].devices() / static_cast<int>(d));
+          const int dp = total / static_cast<int>(d);
+          const std::vector<DeviceSlot> ranks = place_replicas(cluster, subset, replicas, static_cast<int>(tp), pp);
+          std::vector<std::string> names;
+          for (int g : subset) names.push_back(cluster.groups[g].name);
+          for (const Schedule& sched : schedules_for(pp, layers, o)) {
+            for (int64_t m : divisors(o.global_batch)) {
+              if (m > o.max_micro_batches) break;
+              const int64_t per_step = o.global_batch / m;
+              if (per_step < dp) break;
+              Layout l;
+              l.dp = dp;
+              l.tp = static_cast<int>(tp);
+              l.pp = pp;
+              l.schedule = sched.kind;
+              l.chunks = sched.chunks;
+              l.micro_batches = static_cast<int>(m);
+              l.ranks = ranks;
+              if (pp > 1) {
+                try {
+                  pipeline::validate({l.schedule, pp, l.micro_batches, l.chunks});
+                } catch (const InvalidArgument&) {
+                  continue;
+                }
+              }
+              // One split for every replica (each replica's devices are equal).
+              const int typical = static_cast<int>(std::max<int64_t>(1, per_step / dp));
+              l.split = balance_for_speeds(layer_costs(profile, typical), std::vector<double>(pp * l.chunks, 1.0));
+              for (const std::vector<int>& shares : batch_shares(per_step, replicas, speeds)) {
+                l.replica_micro_batch_sizes.clear();
+                double work = 0;  // the lower bound's: the slowest replica's, at the fastest speed
+                double fastest = *std::max_element(speeds.begin(), speeds.end());
+                for (size_t k = 0; k < subset.size(); ++k) {
+                  const std::vector<double> costs = layer_costs(profile, shares[k]);
+                  work = std::max(work, std::accumulate(costs.begin(), costs.end(), 0.0) * fastest / speeds[k]);
+                  for (int j = 0; j < replicas[k]; ++j) l.replica_micro_batch_sizes.push_back(shares[k]);
+                }
+                l.micro_batch_size = *std::max_element(shares.begin(), shares.end());
+                if (std::all_of(shares.begin(), shares.end(), [&](int b) { return b == shares[0]; }))
+                  l.replica_micro_batch_sizes.clear();  // even: the plain layout
+                for (int zero = 0; zero <= (dp > 1 ? 2 : 0); ++zero) {
+                  l.zero = zero;
+                  consider(l, names, work);
+                }
               }
             }
           }
