@@ -215,7 +215,15 @@ std::string describe(const Layout& l) {
   if (l.replica_micro_batch_sizes.empty()) {
     out << l.micro_batch_size;
   } else {
-    for (int r = 0; r < l.dp; ++r) out << (r ? "+" : "") << l.replica_micro_batch_sizes[r];
+    // Runs of equal sizes shortened: "7 (x32) + 1 (x32)"; single replicas as "11+5".
+    const std::vector<int>& sizes = l.replica_micro_batch_sizes;
+    for (size_t r = 0; r < sizes.size();) {
+      size_t end = r;
+      while (end < sizes.size() && sizes[end] == sizes[r]) ++end;
+      out << (r ? (end - r > 1 || r > 1 ? " + " : "+") : "") << sizes[r];
+      if (end - r > 1) out << " (x" << end - r << ")";
+      r = end;
+    }
   }
   if (l.pp > 1) out << ", split " << pipeline::format_split(l.split);
   return out.str();
