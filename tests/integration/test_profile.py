@@ -59,6 +59,16 @@ class Profile(unittest.TestCase):
         self.assertEqual([r["micro_batch"] for r in rows], sizes)
         self.assertTrue(all(r["forward_backward_s"] > 0 for r in rows), rows)
 
+    def test_data_parallel_training_steps(self):
+        # A data-parallel step over both ranks at every micro-batch size (the calibration's
+        # measurement), and the factor it gives, printed.
+        p = self.profile
+        rows = p["training_step"]
+        sizes = sorted({t["micro_batch"] for t in p["layers"][0]["timings"]})
+        self.assertEqual([r["micro_batch"] for r in rows], sizes)
+        self.assertTrue(all(r["step_s"] > 0 and r["data_parallel"] == 2 for r in rows), rows)
+        self.assertIn("calibration: compute in training", self.proc.stdout)
+
     def test_links(self):
         p = self.profile
         self.assertEqual(p["allreduce"]["world"], 2)

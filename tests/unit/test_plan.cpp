@@ -469,6 +469,40 @@ TEST(PlanSearch, SlowGroupReplicaGetsASmallerBatch) {
   }
 }
 
+// Calibration by measured training steps: every sequence costs 12 s over the 4 layers
+// (F = B = W = 1 s per layer) and nothing else costs time, so a data-parallel step at b = 1
+// is predicted at 12 s; measured at 18 s it makes compute 1.5x as profiled; at b = 2
+// measured as predicted (24 s), 1x; at b = 4 (48 s predicted) 96 s, 2x. The median, 1.5,
+// applies at every size.
+TEST(PlanCostModel, CalibrationMakesTheMeasuredStepThePredictedOne) {
+  Profile p = uniform_profile(2);
+  p.training_step = {{1, 18.0, 2}, {2, 24.0, 2}, {4, 96.0, 2}};
+  const Profile parsed = parse_profile(to_json(p), "profile.json");  // the rows survive the file
+  ASSERT_EQ(parsed.training_step.size(), 3u);
+  EXPECT_EQ(parsed.training_step[1].micro_batch, 2);
+  EXPECT_DOUBLE_EQ(parsed.training_step[0].step_s, 18.0);
+  EXPECT_TRUE(parsed.calibration.empty());  // computed when planning, not stored
+  calibrate(&p);
+  ASSERT_EQ(p.calibration.size(), 3u);
+  EXPECT_NEAR(p.calibration[0].factor, 1.5, 1e-9);
+  EXPECT_NEAR(p.calibration[1].factor, 1.0, 1e-9);
+  EXPECT_NEAR(p.calibration[2].factor, 2.0, 1e-9);
+  EXPECT_NEAR(training_factor(p), 1.5, 1e-9);
+  Layout dp2;
+  dp2.dp = 2;
+  dp2.split = {{0, 4}};
+  dp2.ranks = {{0, 0, 0}, {0, 0, 1}};
+  EXPECT_NEAR(estimate(p, local_cluster(2), dp2).step_s, 18.0, 1e-6);
+  // The factor applies to every layout's compute: a 2-stage GPipe with m = 2 at b = 1 is
+  // (m + p - 1) x (F + B) of a stage = 3 x (2 layers x 3 s) x 1.5.
+  const Layout pipe = pipeline_layout(local_cluster(2), 2, pipeline::ScheduleKind::kGPipe, 2, {{0, 2}, {2, 4}});
+  EXPECT_NEAR(estimate(p, local_cluster(2), pipe).makespan_s, 27.0, 1e-6);
+  // A bad row names its path.
+  std::string text = to_json(p);
+  text.replace(text.find("\"step_s\": 18"), 12, "\"step_s\": -1");
+  EXPECT_THROW(parse_profile(text, "profile.json"), InvalidArgument);
+}
+
 TEST(TrainOptions, ReplicaBatchesAreCheckedAgainstTheBatch) {
   auto error_of = [](const std::string& flag, int64_t batch, int dp, int64_t micro) {
     cli::TrainOptions o;

@@ -34,6 +34,7 @@
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/launch_flags.h"
+#include "trireme/cli/profile_source.h"
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/dist/world.h"
@@ -124,6 +125,7 @@ void check_output_file(const std::string& out) {
 struct RankFigures {
   std::vector<plan::LayerProfile> layers;
   std::vector<plan::WholeModelTiming> whole_model;
+  std::vector<plan::TrainingStepTiming> training_step;
   double tflops = 0;
   double overlap = 0;
 };
@@ -146,6 +148,7 @@ void for_each_figure(Figures& r, F&& f) {
       for (auto& t : tp.timings) row(t);
   }
   for (auto& w : r.whole_model) f(w.forward_backward_s);
+  for (auto& t : r.training_step) f(t.step_s);
   f(r.tflops);
   f(r.overlap);
 }
@@ -354,10 +357,12 @@ int profile_worker_main(const std::vector<std::string>& args) {
   layer_options.on_layer = [&](const plan::LayerProfile& layer) {
     say(layer_line(layer, ++measured, layer_count));
   };
-  RankFigures mine{plan::measure_layers(layer_options), {}, tflops, overlap.overlap};
+  RankFigures mine{plan::measure_layers(layer_options), {}, {}, tflops, overlap.overlap};
   layer_options.on_round = nullptr;
   mine.whole_model = plan::measure_whole_model(layer_options);
   say("whole model timed in place at every b");
+  mine.training_step = plan::measure_training_step(layer_options, group);
+  say("data-parallel training steps timed at every b");
 
   // Tensor parallel over both ranks: the group is the whole world, as with --tp 2.
   constexpr int kTensorParallel = 2;
@@ -397,6 +402,7 @@ int profile_worker_main(const std::vector<std::string>& args) {
   profile.repeats = opt.repeats;
   profile.layers = std::move(mine.layers);
   profile.whole_model = std::move(mine.whole_model);
+  profile.training_step = std::move(mine.training_step);
   obs::write_text_file(opt.out, plan::to_json(profile));
 
   std::fputs(summary_table(profile).c_str(), stdout);
@@ -408,6 +414,15 @@ int profile_worker_main(const std::vector<std::string>& args) {
     std::printf("whole model at b=%lld: forward+backward %.2f ms in place, %.2fx the sum of its layers' parts\n",
                 static_cast<long long>(w.micro_batch), w.forward_backward_s * 1e3,
                 plan::in_place_factor(profile, static_cast<double>(w.micro_batch)));
+  plan::Profile calibrated = profile;
+  plan::calibrate(&calibrated, cost_options_for(profile));
+  for (size_t i = 0; i < profile.training_step.size(); ++i)
+    std::printf("data-parallel step (dp %d) at b=%lld: %.2f ms measured; compute in training %.2fx as profiled\n",
+                profile.training_step[i].data_parallel, static_cast<long long>(profile.training_step[i].micro_batch),
+                profile.training_step[i].step_s * 1e3, calibrated.calibration[i].factor);
+  if (!profile.training_step.empty())
+    std::printf("calibration: compute in training %.2fx as profiled (the median; trireme plan applies it, "
+                "--no-calibration does not)\n", calibrated.calibration_factor);
   std::printf("profile: %s (%.1f s)\n", opt.out.c_str(), (obs::now_us() - start_us) / 1e6);
   std::fflush(stdout);
   return 0;

@@ -13,12 +13,18 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
   p.add("utilisation", &s->utilisation, "with --analytic: achieved share of the device's peak FLOPs");
   add_model_flags(p, &s->model);  // with --analytic: the model's shape
   p.add("vocab", &s->model.vocab, "with --analytic: vocabulary size");
+  p.add_switch("no-calibration", &s->no_calibration,
+               "use the profile's layer times as measured, not calibrated by its measured training steps");
 }
 
 plan::Profile load_profile(const ProfileSource& s) {
   TRIREME_CHECK(s.file.empty() != s.analytic.empty(),
                 "give one of --profile FILE (make one with trireme profile gpt --out profile.json) and --analytic DEVICE");
-  if (!s.file.empty()) return plan::read_profile(s.file);
+  if (!s.file.empty()) {
+    plan::Profile profile = plan::read_profile(s.file);
+    if (!s.no_calibration) plan::calibrate(&profile, cost_options_for(profile));
+    return profile;
+  }
   s.model.validate();
   return plan::analytic_profile(s.model, s.analytic, plan::find_device(s.analytic).tflops, s.utilisation);
 }

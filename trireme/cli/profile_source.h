@@ -17,10 +17,13 @@ struct ProfileSource {
   std::string analytic;  // a device of the catalog
   double utilisation = 0.5;
   models::GptConfig model;
+  bool no_calibration = false;  // keep the layers' times as profiled (see plan::calibrate)
 };
 
 void add_profile_flags(FlagParser& parser, ProfileSource* source);
-// Throws InvalidArgument unless exactly one of --profile and --analytic is given.
+// Throws InvalidArgument unless exactly one of --profile and --analytic is given. A
+// measured profile with training-step rows comes back calibrated (plan::calibrate) unless
+// --no-calibration.
 plan::Profile load_profile(const ProfileSource& source);
 
 // The cost model's options for a profile: the overlap of communication with compute the

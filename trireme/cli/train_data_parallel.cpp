@@ -32,14 +32,18 @@ class DataParallelEngine final : public TrainEngine {
     for (size_t k = 0; k < m; ++k) {
       std::optional<parallel::DataParallel::NoSync> no_sync;
       if (k + 1 < m) no_sync.emplace(*ddp_);
+      // An emulated slower device is slowed by the compute this thread did (CPU time), not
+      // by its waits: backward ends waiting for the gradient all-reduce, whose length is set
+      // by the other replicas.
       const double f0 = obs::now_us();
+      const double c0 = obs::thread_cpu_us();
       at::Tensor loss = model_->loss(micro_batches[k].inputs, micro_batches[k].targets) / static_cast<double>(m);
       if (loss_weight_ != 1) loss = loss * loss_weight_;  // unequal replica batches
-      const double f1 = obs::now_us();
-      slowdown_.after((f1 - f0) * 1e-6);
+      slowdown_.after((obs::thread_cpu_us() - c0) * 1e-6);
       const double f2 = obs::now_us();
+      const double c2 = obs::thread_cpu_us();
       loss.backward();
-      slowdown_.after((obs::now_us() - f2) * 1e-6);
+      slowdown_.after((obs::thread_cpu_us() - c2) * 1e-6);
       const double b1 = obs::now_us();
       local_loss += loss.detach().to(at::kDouble);
       times->forward_us += f2 - f0;  // both with any emulated slowdown

@@ -389,6 +389,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (tracing) record_comm(timeline, clock, comm);
 
     const double o0 = obs::now_us();
+    const double cpu0 = obs::thread_cpu_us();  // the emulated slowdown's measure (no waits)
     const int64_t buffers = engine->data_parallel().buffer_bytes();
     memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
     memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
@@ -405,7 +406,7 @@ int train_worker_main(const std::vector<std::string>& args) {
       adamw->zero_grad();
       memory.optimizer_state = parallel::adamw_state_bytes(*adamw);
     }
-    slowdown.after((obs::now_us() - o0) * 1e-6);  // an emulated slower device's optimizer too
+    slowdown.after((obs::thread_cpu_us() - cpu0) * 1e-6);  // an emulated slower device's optimizer too
     const double o1 = obs::now_us();
     times.optimizer_us = o1 - o0;
     if (tracing)

@@ -370,7 +370,8 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   // (1) Each replica's pipeline replayed on its own devices at its own micro-batch size
   // (replicas that would replay the same numbers share one replay); synchronous training
   // waits for the slowest.
-  std::map<int, double> in_place;  // by micro-batch size: the layers' parts as a whole step
+  // By micro-batch size: the layers' parts as a whole step, and in training (calibration).
+  std::map<int, double> in_place;
   std::map<std::vector<int>, ReplayResult> replays;
   std::vector<const ReplayResult*> rep(dp);
   std::vector<double> tp_comm(p, 0);
@@ -379,7 +380,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     auto it = replays.find(key);
     if (it == replays.end()) {
       const int b = layout.micro_batch_size_of(r);
-      if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b);
+      if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b) * training_factor(profile);
       const ReplicaPipeline rp = replica_pipeline(profile, cluster, layout, r, in_place[b]);
       it = replays.emplace(std::move(key), replay(spec, rp.times)).first;
       e.p2p_s = std::max(e.p2p_s, rp.p2p_s);
@@ -502,6 +503,36 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   }
   e.bubble_fraction = bubble / p;
   return e;
+}
+
+void calibrate(Profile* profile, const CostOptions& options) {
+  profile->calibration.clear();
+  profile->calibration_factor = 1;
+  std::vector<CalibrationRow> rows;
+  for (const TrainingStepTiming& t : profile->training_step) {
+    const Cluster cluster = local_cluster(t.data_parallel);
+    Layout l;
+    l.dp = t.data_parallel;
+    l.micro_batch_size = static_cast<int>(t.micro_batch);
+    l.split = {{0, static_cast<int>(profile->layers.size())}};
+    for (int r = 0; r < l.dp; ++r) l.ranks.push_back({0, 0, r});
+    double factor = 1;
+    for (int round = 0; round < 4; ++round) {
+      profile->calibration_factor = factor;
+      const Estimate e = estimate(*profile, cluster, l, options);
+      const double rest = e.step_s - e.makespan_s;  // sync exposed, optimizer, closing
+      factor = std::clamp(factor * (t.step_s - rest) / e.makespan_s, 0.25, 4.0);
+    }
+    rows.push_back({t.micro_batch, factor});
+  }
+  profile->calibration = rows;
+  profile->calibration_factor = 1;
+  if (rows.empty()) return;
+  std::vector<double> factors;
+  for (const CalibrationRow& r : rows) factors.push_back(r.factor);
+  std::sort(factors.begin(), factors.end());
+  const size_t n = factors.size();
+  profile->calibration_factor = n % 2 ? factors[n / 2] : (factors[n / 2 - 1] + factors[n / 2]) / 2;
 }
 
 }  // namespace trireme::plan

@@ -15,7 +15,8 @@
 //      virtual stage's F, or the next one's B, plus the point-to-point transfer of the
 //      boundary activation). Compute times are the profile's per-layer times at b (scaled
 //      by the profile's in-place factor: the whole model's forward and backward measured
-//      as one step over the sum of its separately timed parts), divided
+//      as one step over the sum of its separately timed parts; and by its calibration
+//      factor, see calibrate(), when it has one), divided
 //      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
 //      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
 //      (two (b,T,C) ones in each block's forward and two in its backward, one in the
@@ -129,6 +130,17 @@ struct Estimate {
 // only does not fit in memory returns fits = false with the reason.
 Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
                   const CostOptions& options = {});
+
+// Calibration from the profile's measured data-parallel training steps
+// (Profile::training_step): for each row, the factor on every F/B/W time that makes this
+// model's prediction of that very step (a local cluster of data_parallel ranks, dp =
+// data_parallel, m 1, that micro-batch size) equal the measured time, found by a few
+// fixed-point rounds (the exposed sync moves with the compute) and clamped to [0.25, 4];
+// the cost model then applies the rows' median at every micro-batch size. Fills
+// profile->calibration and calibration_factor (1 without rows). What it absorbs:
+// compute that runs slower inside a training step than in the layers timed alone (on a
+// CPU, Gloo's threads taking cores), which the overlap figure covers only in part.
+void calibrate(Profile* profile, const CostOptions& options = {});
 
 // Time of an all-reduce of `bytes` over the devices `members` (ring or hierarchical,
 // whichever is faster), links from the cluster or, where it has none, from the profile.

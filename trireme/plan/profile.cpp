@@ -164,6 +164,12 @@ std::string to_json(const Profile& p) {
       whole.push_back({{"micro_batch", w.micro_batch}, {"forward_backward_s", w.forward_backward_s}});
     out["whole_model"] = whole;
   }
+  if (!p.training_step.empty()) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    for (const TrainingStepTiming& t : p.training_step)
+      steps.push_back({{"micro_batch", t.micro_batch}, {"step_s", t.step_s}, {"data_parallel", t.data_parallel}});
+    out["training_step"] = steps;
+  }
   return out.dump(1) + "\n";
 }
 
@@ -171,7 +177,7 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   const nlohmann::json doc = Field::parse(text, origin);
   const Field root(doc, "", origin);
   root.only({"format", "source", "device", "reference_tflops", "threads", "model", "state_bytes",
-             "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model"});
+             "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model", "training_step"});
   Profile p;
   p.format = static_cast<int>(root.at("format").integer(1));
   if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
@@ -215,6 +221,15 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
       if (!p.whole_model.empty() && w.micro_batch <= p.whole_model.back().micro_batch)
         wf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
       p.whole_model.push_back(w);
+    }
+  if (root.has("training_step"))
+    for (const Field& tf : root.at("training_step").items()) {
+      tf.only({"micro_batch", "step_s", "data_parallel"});
+      TrainingStepTiming t{tf.at("micro_batch").integer(1), tf.at("step_s").positive(),
+                           static_cast<int>(tf.integer_or("data_parallel", 1, 2))};
+      if (!p.training_step.empty() && t.micro_batch <= p.training_step.back().micro_batch)
+        tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
+      p.training_step.push_back(t);
     }
   const int64_t expected = p.model.layers + 2;
   if (static_cast<int64_t>(p.layers.size()) != expected)

@@ -66,6 +66,23 @@ struct WholeModelTiming {
   double forward_backward_s = 0;  // median
 };
 
+// One data-parallel training step of the whole model as `trireme train` runs it, measured
+// over the profiling ranks: forward, backward with DataParallel's bucketed all-reduce
+// overlapping it, the trainer's clipping and AdamW, and the closing scalar all-reduce. Where
+// the cost model's sum of parts meets a real step: calibrate() (cost_model.h) turns these
+// rows into Profile::calibration.
+struct TrainingStepTiming {
+  int64_t micro_batch = 1;
+  double step_s = 0;       // median
+  int data_parallel = 2;   // ranks in the step
+};
+
+// Compute in training over compute as profiled, at a micro-batch size (see calibrate()).
+struct CalibrationRow {
+  int64_t micro_batch = 1;
+  double factor = 1;
+};
+
 struct Link {
   double latency_s = 0;        // alpha
   double bandwidth_Bps = 0;    // 1 / beta, bytes per second
@@ -98,6 +115,13 @@ struct Profile {
   int repeats = 0;                   // measurements per median
   std::vector<LayerProfile> layers;  // the pipeline layer list, in order
   std::vector<WholeModelTiming> whole_model;  // optional, ascending micro_batch
+  std::vector<TrainingStepTiming> training_step;  // optional, ascending micro_batch
+  // Not in the file: computed from training_step by calibrate() when the profile is loaded
+  // for planning; empty (factor 1) until then. Each row's own factor, and the median of
+  // them, which the cost model applies at every micro-batch size (one step per size is a
+  // noisy measurement; the median is robust to one that caught a burst of interference).
+  std::vector<CalibrationRow> calibration;
+  double calibration_factor = 1;
 };
 
 // Which part of a layer's work.
@@ -115,6 +139,8 @@ double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_b
 // The whole model's measured forward and backward over the sum of its layers' F + B + W at
 // micro-batch b (interpolated like the times); 1 when the profile has no whole-model rows.
 double in_place_factor(const Profile& profile, double micro_batch);
+// The calibration factor the cost model applies: calibration_factor (1 before calibrate()).
+inline double training_factor(const Profile& profile) { return profile.calibration_factor; }
 // Activation (or output) bytes for micro-batch b, interpolated like the times.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);

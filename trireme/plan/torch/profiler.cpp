@@ -17,6 +17,7 @@
 #include "trireme/obs/clock.h"
 #include "trireme/obs/memory.h"
 #include "trireme/optim/clip.h"
+#include "trireme/parallel/data/data_parallel.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 
 namespace trireme::plan {
@@ -296,6 +297,37 @@ std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& opt
       if (round > 0) samples.push_back(seconds);
     }
     rows.push_back({micro_batch, median(samples)});
+  }
+  return rows;
+}
+
+std::vector<TrainingStepTiming> measure_training_step(const LayerMeasureOptions& options,
+                                                      const dist::Group& group) {
+  check_layer_options(options);
+  models::Gpt model(options.model, options.seed);
+  model->train();
+  parallel::DataParallel ddp(model.ptr(), group, parallel::DataParallelOptions{});
+  torch::optim::AdamW adamw(model->parameters(), trainer_adamw_options());
+  at::Generator generator = at::detail::createCPUGenerator(options.seed + 3);
+  std::vector<TrainingStepTiming> rows;
+  for (const int64_t micro_batch : options.micro_batches) {
+    const at::Tensor idx = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
+    const at::Tensor targets = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
+    std::vector<double> samples;
+    for (int round = 0; round <= options.repeats; ++round) {  // round 0 warms up
+      call(options.in_step);
+      const double start_us = obs::now_us();
+      at::Tensor loss = model->loss(idx, targets);
+      loss.backward();
+      optim::clip_grad_norm(model->parameters(), 1.0);
+      adamw.step();
+      adamw.zero_grad();
+      std::vector<at::Tensor> closing{at::tensor({loss.item<double>(), 0.0}, at::TensorOptions(at::kDouble))};
+      dist::run_collective("profile step all-reduce", [&] { return group->allreduce(closing); });
+      const double seconds = seconds_since(start_us);
+      if (round > 0) samples.push_back(seconds);
+    }
+    rows.push_back({micro_batch, median(samples), static_cast<int>(group->getSize())});
   }
   return rows;
 }

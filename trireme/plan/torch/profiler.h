@@ -112,6 +112,15 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options);
 // the ratio of this to their sum.
 std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& options);
 
+// Data-parallel training steps (Profile::training_step): per micro-batch size, after a
+// warm-up, `repeats` steps of the whole model as the trainer's data-parallel engine runs
+// them over `group` — the loss, a full backward whose gradients DataParallel all-reduces in
+// buckets as they complete (default buckets), the trainer's clipping and AdamW step,
+// zero_grad, and the closing all-reduce of two scalars — in_step before each; medians. A
+// collective: every rank of `group` calls it with the same options.
+std::vector<TrainingStepTiming> measure_training_step(const LayerMeasureOptions& options,
+                                                      const dist::Group& group);
+
 // Each layer's timings with the model split over `tp` (see above), one entry per layer of
 // the layer list: {tp.size, rows}. A collective: every rank of tp.group calls it with the
 // same options (the same seed gives every rank the same inputs). on_layer is not called.
