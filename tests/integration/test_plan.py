@@ -91,7 +91,7 @@ class PlanTest(unittest.TestCase):
         bad = run(["plan", "--profile", self.profile, "--cluster", cluster, "--global-batch", "8", "--evaluate",
                    "--dp", "2", "--replica-batches", "6,1"], check=False)
         self.assertEqual(bad.returncode, 2, bad.stderr)
-        self.assertIn("--replica-batches 6,1 sum to 7 but --batch is 8", bad.stderr)
+        self.assertIn("--replica-batches 6,1 sum to 7 but --global-batch is 8", bad.stderr)
 
     def test_bad_cluster_and_bad_plan_name_the_field(self):
         cluster = self.write("bad-cluster.json", {"groups": [

@@ -66,7 +66,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
     train.dp = l.dp;
     train.micro_batches = l.micro_batches;
     train.replica_batches = f.replica_batches;
-    validate_replica_batches(&train);
+    validate_replica_batches(&train, "--global-batch");
     for (int64_t b : train.replica_batch_sizes) l.replica_micro_batch_sizes.push_back(static_cast<int>(b / l.micro_batches));
     l.micro_batch_size = *std::max_element(l.replica_micro_batch_sizes.begin(), l.replica_micro_batch_sizes.end());
   } else {

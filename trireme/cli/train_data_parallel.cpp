@@ -40,10 +40,16 @@ class DataParallelEngine final : public TrainEngine {
       at::Tensor loss = model_->loss(micro_batches[k].inputs, micro_batches[k].targets) / static_cast<double>(m);
       if (loss_weight_ != 1) loss = loss * loss_weight_;  // unequal replica batches
       slowdown_.after((obs::thread_cpu_us() - c0) * 1e-6);
+      // Backward's share is slept before it, by the last backward's measure: the gradient
+      // all-reduce then starts as late as a slower device would start it (slept after, it
+      // would follow the wait for the other replicas instead of overlapping it).
       const double f2 = obs::now_us();
+      const bool ahead = last_backward_cpu_s_ >= 0;
+      if (ahead) slowdown_.after(last_backward_cpu_s_);
       const double c2 = obs::thread_cpu_us();
       loss.backward();
-      slowdown_.after((obs::thread_cpu_us() - c2) * 1e-6);
+      last_backward_cpu_s_ = (obs::thread_cpu_us() - c2) * 1e-6;
+      if (!ahead) slowdown_.after(last_backward_cpu_s_);
       const double b1 = obs::now_us();
       local_loss += loss.detach().to(at::kDouble);
       times->forward_us += f2 - f0;  // both with any emulated slowdown
@@ -84,6 +90,7 @@ class DataParallelEngine final : public TrainEngine {
   bool leader_;
   double loss_weight_;
   EmulatedSlowdown slowdown_;
+  double last_backward_cpu_s_ = -1;  // CPU time of the last micro-batch's backward
   std::unique_ptr<parallel::DataParallel> ddp_;
 };
 

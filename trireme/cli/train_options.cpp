@@ -97,10 +97,10 @@ void validate_pipeline_options(TrainOptions* o) {
 
 }  // namespace
 
-void validate_replica_batches(TrainOptions* o) {
+void validate_replica_batches(TrainOptions* o, const char* batch_flag) {
   o->replica_batch_sizes.clear();
   if (o->replica_batches.empty()) {
-    TRIREME_CHECK(o->batch % o->dp == 0, "--batch ", o->batch, " is not divisible by ", o->dp,
+    TRIREME_CHECK(o->batch % o->dp == 0, batch_flag, " ", o->batch, " is not divisible by ", o->dp,
                   " data-parallel ranks; choose a multiple of ", o->dp, " (or give --replica-batches)");
     return;
   }
@@ -125,8 +125,8 @@ void validate_replica_batches(TrainOptions* o) {
                   " sequences are not divisible by --micro-batches ", o->micro_batches,
                   "; give every replica a multiple of ", o->micro_batches);
   }
-  TRIREME_CHECK(sum == o->batch, "--replica-batches ", o->replica_batches, " sum to ", sum, " but --batch is ",
-                o->batch, "; make them add up to the global batch");
+  TRIREME_CHECK(sum == o->batch, "--replica-batches ", o->replica_batches, " sum to ", sum, " but ", batch_flag,
+                " is ", o->batch, "; make them add up to the global batch");
 }
 
 ReplicaShare replica_share(const TrainOptions& o, int replica) {

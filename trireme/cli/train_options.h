@@ -80,7 +80,8 @@ void apply_plan(const plan::Plan& plan, const std::string& origin, TrainOptions*
 
 // Parses and checks --replica-batches against --batch, --dp and --micro-batches, filling
 // replica_batch_sizes (empty when not given). Throws InvalidArgument naming the flag.
-void validate_replica_batches(TrainOptions* options);
+// `batch_flag` names the global batch in the messages (trireme plan's is --global-batch).
+void validate_replica_batches(TrainOptions* options, const char* batch_flag = "--batch");
 
 // Checks everything that can be checked before starting processes, given the world size
 // the launch will produce. Throws InvalidArgument with one line naming the flag.

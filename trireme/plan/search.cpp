@@ -156,6 +156,27 @@ std::vector<std::vector<int>> batch_shares(int64_t per_step, const std::vector<i
   return out;
 }
 
+// A layout's sizes, schedule and placement (split, micro-batch size and ZeRO still to
+// set); false when the schedule refuses m (e.g. interleaved with m not a multiple of pp).
+bool make_layout(int dp, int tp, int pp, const Schedule& schedule, int64_t m, const std::vector<DeviceSlot>& ranks,
+                 Layout* l) {
+  *l = Layout{};
+  l->dp = dp;
+  l->tp = tp;
+  l->pp = pp;
+  l->schedule = schedule.kind;
+  l->chunks = schedule.chunks;
+  l->micro_batches = static_cast<int>(m);
+  l->ranks = ranks;
+  if (pp == 1) return true;
+  try {
+    pipeline::validate({l->schedule, pp, l->micro_batches, l->chunks});
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<DeviceSlot> ranks_in_file_order(const Cluster& cluster, int count) {
@@ -301,21 +322,8 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
             for (int64_t m : divisors(per_replica)) {
               if (m > o.max_micro_batches) break;
               Layout l;
-              l.dp = dp;
-              l.tp = static_cast<int>(tp);
-              l.pp = pp;
-              l.schedule = sched.kind;
-              l.chunks = sched.chunks;
-              l.micro_batches = static_cast<int>(m);
+              if (!make_layout(dp, static_cast<int>(tp), pp, sched, m, ranks, &l)) continue;
               l.micro_batch_size = static_cast<int>(per_replica / m);
-              l.ranks = ranks;
-              if (pp > 1) {
-                try {
-                  pipeline::validate({l.schedule, pp, l.micro_batches, l.chunks});
-                } catch (const InvalidArgument&) {
-                  continue;  // e.g. interleaved with m not a multiple of pp
-                }
-              }
               const std::vector<double> costs = layer_costs(profile, l.micro_batch_size);
               const double work = std::accumulate(costs.begin(), costs.end(), 0.0);
               std::vector<double> speeds;
@@ -355,20 +363,7 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
               const int64_t per_step = o.global_batch / m;
               if (per_step < dp) break;
               Layout l;
-              l.dp = dp;
-              l.tp = static_cast<int>(tp);
-              l.pp = pp;
-              l.schedule = sched.kind;
-              l.chunks = sched.chunks;
-              l.micro_batches = static_cast<int>(m);
-              l.ranks = ranks;
-              if (pp > 1) {
-                try {
-                  pipeline::validate({l.schedule, pp, l.micro_batches, l.chunks});
-                } catch (const InvalidArgument&) {
-                  continue;
-                }
-              }
+              if (!make_layout(dp, static_cast<int>(tp), pp, sched, m, ranks, &l)) continue;
               // One split for every replica (each replica's devices are equal).
               const int typical = static_cast<int>(std::max<int64_t>(1, per_step / dp));
               l.split = balance_for_speeds(layer_costs(profile, typical), std::vector<double>(pp * l.chunks, 1.0));
@@ -408,21 +403,8 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
             for (int64_t m : divisors(o.global_batch / dp)) {
               if (m > o.max_micro_batches) break;
               Layout l;
-              l.dp = dp;
-              l.tp = static_cast<int>(tp);
-              l.pp = static_cast<int>(pp);
-              l.schedule = sched.kind;
-              l.chunks = sched.chunks;
-              l.micro_batches = static_cast<int>(m);
+              if (!make_layout(dp, static_cast<int>(tp), static_cast<int>(pp), sched, m, ranks, &l)) continue;
               l.micro_batch_size = static_cast<int>(o.global_batch / dp / m);
-              l.ranks = ranks;
-              if (pp > 1) {
-                try {
-                  pipeline::validate({l.schedule, l.pp, l.micro_batches, l.chunks});
-                } catch (const InvalidArgument&) {
-                  continue;
-                }
-              }
               l.split = pipeline::balance_partition(std::vector<double>(layers, 1.0), l.pp * l.chunks);
               const std::vector<double> costs = layer_costs(profile, l.micro_batch_size);
               const double work = std::accumulate(costs.begin(), costs.end(), 0.0);

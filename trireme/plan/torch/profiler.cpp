@@ -278,12 +278,14 @@ std::vector<LayerProfile> measure_layers(const LayerMeasureOptions& options) {
   return profiles;
 }
 
-std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& options) {
-  check_layer_options(options);
-  models::Gpt model(options.model, options.seed);
-  model->train();
-  at::Generator generator = at::detail::createCPUGenerator(options.seed + 2);
-  std::vector<WholeModelTiming> rows;
+namespace {
+
+// For each micro-batch size of `options`: random tokens and targets from `generator`, then
+// after a warm-up `repeats` timed calls of `step` (in_step before each); the medians.
+std::vector<std::pair<int64_t, double>> time_steps(
+    const LayerMeasureOptions& options, at::Generator& generator,
+    const std::function<void(const at::Tensor& idx, const at::Tensor& targets)>& step) {
+  std::vector<std::pair<int64_t, double>> rows;
   for (const int64_t micro_batch : options.micro_batches) {
     const at::Tensor idx = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
     const at::Tensor targets = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
@@ -291,13 +293,27 @@ std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& opt
     for (int round = 0; round <= options.repeats; ++round) {  // round 0 warms up
       call(options.in_step);
       const double start_us = obs::now_us();
-      model->loss(idx, targets).backward();
-      const double seconds = seconds_since(start_us);
-      model->zero_grad();
-      if (round > 0) samples.push_back(seconds);
+      step(idx, targets);
+      if (round > 0) samples.push_back(seconds_since(start_us));
     }
-    rows.push_back({micro_batch, median(samples)});
+    rows.emplace_back(micro_batch, median(samples));
   }
+  return rows;
+}
+
+}  // namespace
+
+std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& options) {
+  check_layer_options(options);
+  models::Gpt model(options.model, options.seed);
+  model->train();
+  at::Generator generator = at::detail::createCPUGenerator(options.seed + 2);
+  std::vector<WholeModelTiming> rows;
+  for (const auto& [micro_batch, seconds] : time_steps(options, generator, [&](const at::Tensor& idx, const at::Tensor& targets) {
+         model->loss(idx, targets).backward();
+         model->zero_grad();  // (timed too: a negligible share)
+       }))
+    rows.push_back({micro_batch, seconds});
   return rows;
 }
 
@@ -310,25 +326,16 @@ std::vector<TrainingStepTiming> measure_training_step(const LayerMeasureOptions&
   torch::optim::AdamW adamw(model->parameters(), trainer_adamw_options());
   at::Generator generator = at::detail::createCPUGenerator(options.seed + 3);
   std::vector<TrainingStepTiming> rows;
-  for (const int64_t micro_batch : options.micro_batches) {
-    const at::Tensor idx = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
-    const at::Tensor targets = at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong);
-    std::vector<double> samples;
-    for (int round = 0; round <= options.repeats; ++round) {  // round 0 warms up
-      call(options.in_step);
-      const double start_us = obs::now_us();
-      at::Tensor loss = model->loss(idx, targets);
-      loss.backward();
-      optim::clip_grad_norm(model->parameters(), 1.0);
-      adamw.step();
-      adamw.zero_grad();
-      std::vector<at::Tensor> closing{at::tensor({loss.item<double>(), 0.0}, at::TensorOptions(at::kDouble))};
-      dist::run_collective("profile step all-reduce", [&] { return group->allreduce(closing); });
-      const double seconds = seconds_since(start_us);
-      if (round > 0) samples.push_back(seconds);
-    }
-    rows.push_back({micro_batch, median(samples), static_cast<int>(group->getSize())});
-  }
+  for (const auto& [micro_batch, seconds] : time_steps(options, generator, [&](const at::Tensor& idx, const at::Tensor& targets) {
+         at::Tensor loss = model->loss(idx, targets);
+         loss.backward();
+         optim::clip_grad_norm(model->parameters(), 1.0);
+         adamw.step();
+         adamw.zero_grad();
+         std::vector<at::Tensor> closing{at::tensor({loss.item<double>(), 0.0}, at::TensorOptions(at::kDouble))};
+         dist::run_collective("profile step all-reduce", [&] { return group->allreduce(closing); });
+       }))
+    rows.push_back({micro_batch, seconds, static_cast<int>(group->getSize())});
   return rows;
 }
 
