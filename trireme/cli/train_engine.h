@@ -106,7 +106,9 @@ std::vector<std::pair<std::string, at::Tensor>> gather_parameters(
 // compute took, so it keeps pace with a device f times slower. The time is compute only:
 // the data-parallel forward and backward and the optimizer phase are measured in the
 // thread's CPU time (their waits for collectives, set by the other ranks, are not a
-// device's speed), a pipeline's F, B and W by their wall time (they hold no waits). Emulation of a
+// device's speed), a pipeline's F, B and W by their wall time (they hold no waits). The
+// data-parallel backward's share is slept before it, by the previous backward's measure,
+// so its gradient all-reduce starts as late as on a slower device. Emulation of a
 // heterogeneous cluster on this machine's CPU ranks (the waiting rank leaves its core to
 // the others, as a slower accelerator would not load the host either).
 class EmulatedSlowdown {
