@@ -131,6 +131,24 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
 }
 
 // A 2-stage pipeline with known times gives the known makespan.
+// A relative trace path in a cluster file names a file beside it, whatever the working
+// directory; one that is not there stays as written (taken from the working directory).
+TEST(PlanCluster, RelativeTracePathIsTakenFromTheClusterFilesFolder) {
+  char folder[] = "/tmp/trireme-cluster-XXXXXX";
+  ASSERT_NE(mkdtemp(folder), nullptr);
+  const std::string dir = folder;
+  std::ofstream(dir + "/trace.csv") << "0,4\n";
+  std::ofstream(dir + "/c.json") << R"({"groups": [
+      {"name": "a", "device": "V100", "machines": 4, "inter_bandwidth_gbps": 10, "spot": true, "trace": "trace.csv"},
+      {"name": "b", "device": "V100", "machines": 4, "inter_bandwidth_gbps": 10, "spot": true, "trace": "elsewhere/t.csv"}]})";
+  const Cluster c = read_cluster(dir + "/c.json");
+  EXPECT_EQ(c.groups[0].trace, dir + "/trace.csv");
+  EXPECT_EQ(c.groups[1].trace, "elsewhere/t.csv");
+  std::remove((dir + "/trace.csv").c_str());
+  std::remove((dir + "/c.json").c_str());
+  rmdir(folder);
+}
+
 TEST(PlanCostModel, TwoStagePipelineMakespanMatchesClosedForm) {
   const Profile p = uniform_profile(2);  // 4 layers, F = B = W = 1 s each at b = 1
   const Cluster c = local_cluster(2);

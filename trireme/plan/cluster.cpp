@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "trireme/common/error.h"
 #include "trireme/plan/json_reader.h"
 
@@ -130,7 +132,16 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
 }
 
 Cluster read_cluster(const std::string& path) {
-  return parse_cluster(read_text_file(path), path);
+  Cluster cluster = parse_cluster(read_text_file(path), path);
+  // A relative trace path names a file beside the cluster file (so the file works from any
+  // working directory); when nothing is there, the working directory's is kept.
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  for (MachineGroup& g : cluster.groups) {
+    if (g.trace.empty() || std::filesystem::path(g.trace).is_absolute()) continue;
+    const std::filesystem::path beside = folder / g.trace;
+    if (std::filesystem::exists(beside)) g.trace = beside.lexically_normal().string();
+  }
+  return cluster;
 }
 
 Cluster local_cluster(int devices) {

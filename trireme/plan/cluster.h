@@ -25,7 +25,9 @@
 //   intra_bandwidth_GBps, intra_latency_us   device to device inside a machine (catalog)
 //   inter_bandwidth_gbps, inter_latency_us   each machine's network, Gb/s
 //   price_per_hour        per machine; spot true|false; for spot, preemptions_per_hour
-//                         (per machine) or trace (a file, see plan/trace.h)
+//                         (per machine) or trace (a file, see plan/trace.h; a relative
+//                         path is taken from the cluster file's folder by read_cluster,
+//                         or from the working directory when no such file is there)
 // Links a file does not give and the catalog does not know (a CPU "device") are the
 // profile's measured ones: `Link::bandwidth_Bps == 0` means "use the profile".
 // Errors name the file and the JSON path: "c.json: groups[1].inter_bandwidth_gbps must be
