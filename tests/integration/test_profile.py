@@ -59,7 +59,7 @@ class Profile(unittest.TestCase):
         self.assertEqual([r["micro_batch"] for r in rows], sizes)
         self.assertTrue(all(r["forward_backward_s"] > 0 for r in rows), rows)
 
-    def test_data_parallel_training_steps(self):
+    def test_data_parallel_and_pipeline_training_steps(self):
         # A data-parallel step over both ranks at every micro-batch size (the calibration's
         # measurement), and the factor it gives, printed.
         p = self.profile
@@ -68,6 +68,12 @@ class Profile(unittest.TestCase):
         self.assertEqual([r["micro_batch"] for r in rows], sizes)
         self.assertTrue(all(r["step_s"] > 0 and r["data_parallel"] == 2 for r in rows), rows)
         self.assertIn("calibration: compute in training", self.proc.stdout)
+        # And a 1F1B pipeline step over both ranks as the two stages (embeddings and the
+        # first block on one, the last block and the head on the other).
+        rows = p["pipeline_step"]
+        self.assertEqual([r["micro_batch"] for r in rows], sizes)
+        self.assertTrue(all(r["step_s"] > 0 and r["stages"] == 2 and r["micro_batches"] == 4 and
+                            r["split"] == "0:2,2:4" for r in rows), rows)
 
     def test_links(self):
         p = self.profile

@@ -505,7 +505,8 @@ TEST(PlanCostModel, CalibrationMakesTheMeasuredStepThePredictedOne) {
   EXPECT_NEAR(p.calibration[0].factor, 1.5, 1e-9);
   EXPECT_NEAR(p.calibration[1].factor, 1.0, 1e-9);
   EXPECT_NEAR(p.calibration[2].factor, 2.0, 1e-9);
-  EXPECT_NEAR(training_factor(p), 1.5, 1e-9);
+  EXPECT_NEAR(training_factor(p, false), 1.5, 1e-9);
+  EXPECT_NEAR(training_factor(p, true), 1.5, 1e-9);  // no pipeline step: the data-parallel one stands in
   Layout dp2;
   dp2.dp = 2;
   dp2.split = {{0, 4}};
@@ -515,10 +516,29 @@ TEST(PlanCostModel, CalibrationMakesTheMeasuredStepThePredictedOne) {
   // (m + p - 1) x (F + B) of a stage = 3 x (2 layers x 3 s) x 1.5.
   const Layout pipe = pipeline_layout(local_cluster(2), 2, pipeline::ScheduleKind::kGPipe, 2, {{0, 2}, {2, 4}});
   EXPECT_NEAR(estimate(p, local_cluster(2), pipe).makespan_s, 27.0, 1e-6);
+  // A measured pipeline step calibrates pipelines: 1F1B over 2 stages of 2 layers, m = 2 at
+  // b = 1, predicted (m + p - 1) x 6 s = 18 s, measured 36 s: 2x, for pipelines only.
+  p.pipeline_step = {{1, 2, 2, "0:2,2:4", 36.0}};
+  const Profile with_pipeline = parse_profile(to_json(p), "profile.json");
+  ASSERT_EQ(with_pipeline.pipeline_step.size(), 1u);
+  EXPECT_EQ(with_pipeline.pipeline_step[0].split, "0:2,2:4");
+  calibrate(&p);
+  EXPECT_NEAR(training_factor(p, true), 2.0, 1e-9);
+  EXPECT_NEAR(training_factor(p, false), 1.5, 1e-9);
+  EXPECT_NEAR(estimate(p, local_cluster(2), pipe).makespan_s, 36.0, 1e-6);
+  EXPECT_NEAR(estimate(p, local_cluster(2), dp2).step_s, 18.0, 1e-6);
   // A bad row names its path.
   std::string text = to_json(p);
   text.replace(text.find("\"step_s\": 18"), 12, "\"step_s\": -1");
   EXPECT_THROW(parse_profile(text, "profile.json"), InvalidArgument);
+  text = to_json(p);
+  text.replace(text.find("0:2,2:4"), 7, "0:2,3:4");
+  try {
+    parse_profile(text, "profile.json");
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline_step[0].split is not a split"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainOptions, ReplicaBatchesAreCheckedAgainstTheBatch) {

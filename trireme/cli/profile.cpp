@@ -126,6 +126,7 @@ struct RankFigures {
   std::vector<plan::LayerProfile> layers;
   std::vector<plan::WholeModelTiming> whole_model;
   std::vector<plan::TrainingStepTiming> training_step;
+  std::vector<plan::PipelineStepTiming> pipeline_step;
   double tflops = 0;
   double overlap = 0;
 };
@@ -149,6 +150,7 @@ void for_each_figure(Figures& r, F&& f) {
   }
   for (auto& w : r.whole_model) f(w.forward_backward_s);
   for (auto& t : r.training_step) f(t.step_s);
+  for (auto& t : r.pipeline_step) f(t.step_s);
   f(r.tflops);
   f(r.overlap);
 }
@@ -357,12 +359,16 @@ int profile_worker_main(const std::vector<std::string>& args) {
   layer_options.on_layer = [&](const plan::LayerProfile& layer) {
     say(layer_line(layer, ++measured, layer_count));
   };
-  RankFigures mine{plan::measure_layers(layer_options), {}, {}, tflops, overlap.overlap};
+  RankFigures mine{plan::measure_layers(layer_options), {}, {}, {}, tflops, overlap.overlap};
   layer_options.on_round = nullptr;
   mine.whole_model = plan::measure_whole_model(layer_options);
   say("whole model timed in place at every b");
   mine.training_step = plan::measure_training_step(layer_options, group);
   say("data-parallel training steps timed at every b");
+  if (world.size() >= 2 && static_cast<size_t>(world.size()) <= layer_count) {
+    mine.pipeline_step = plan::measure_pipeline_step(layer_options, group);
+    say("pipeline (1F1B) training steps timed at every b");
+  }
 
   // Tensor parallel over both ranks: the group is the whole world, as with --tp 2.
   constexpr int kTensorParallel = 2;
@@ -403,6 +409,7 @@ int profile_worker_main(const std::vector<std::string>& args) {
   profile.layers = std::move(mine.layers);
   profile.whole_model = std::move(mine.whole_model);
   profile.training_step = std::move(mine.training_step);
+  profile.pipeline_step = std::move(mine.pipeline_step);
   obs::write_text_file(opt.out, plan::to_json(profile));
 
   std::fputs(summary_table(profile).c_str(), stdout);
@@ -420,9 +427,16 @@ int profile_worker_main(const std::vector<std::string>& args) {
     std::printf("data-parallel step (dp %d) at b=%lld: %.2f ms measured; compute in training %.2fx as profiled\n",
                 profile.training_step[i].data_parallel, static_cast<long long>(profile.training_step[i].micro_batch),
                 profile.training_step[i].step_s * 1e3, calibrated.calibration[i].factor);
+  for (size_t i = 0; i < profile.pipeline_step.size(); ++i) {
+    const plan::PipelineStepTiming& t = profile.pipeline_step[i];
+    std::printf("pipeline step (1f1b, %d stages %s, m %d) at b=%lld: %.2f ms measured; compute in training %.2fx "
+                "as profiled\n", t.stages, t.split.c_str(), t.micro_batches, static_cast<long long>(t.micro_batch),
+                t.step_s * 1e3, calibrated.calibration[profile.training_step.size() + i].factor);
+  }
   if (!profile.training_step.empty())
-    std::printf("calibration: compute in training %.2fx as profiled (the median; trireme plan applies it, "
-                "--no-calibration does not)\n", calibrated.calibration_factor);
+    std::printf("calibration: compute in training %.2fx as profiled without a pipeline, %.2fx in pipelines "
+                "(the medians; trireme plan applies them, --no-calibration does not)\n",
+                calibrated.calibration_factor, calibrated.pipeline_calibration_factor);
   std::printf("profile: %s (%.1f s)\n", opt.out.c_str(), (obs::now_us() - start_us) / 1e6);
   std::fflush(stdout);
   return 0;

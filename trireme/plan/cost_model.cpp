@@ -380,7 +380,7 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     auto it = replays.find(key);
     if (it == replays.end()) {
       const int b = layout.micro_batch_size_of(r);
-      if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b) * training_factor(profile);
+      if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b) * training_factor(profile, p > 1);
       const ReplicaPipeline rp = replica_pipeline(profile, cluster, layout, r, in_place[b]);
       it = replays.emplace(std::move(key), replay(spec, rp.times)).first;
       e.p2p_s = std::max(e.p2p_s, rp.p2p_s);
@@ -505,34 +505,60 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   return e;
 }
 
+namespace {
+
+// The factor on F/B/W that makes the estimate of `l` (on `cluster`) take `measured`
+// seconds: a few fixed-point rounds, since the exposed sync moves with the compute.
+double solve_factor(Profile* profile, const Cluster& cluster, const Layout& l, double measured,
+                    const CostOptions& options) {
+  double factor = 1;
+  for (int round = 0; round < 4; ++round) {
+    profile->calibration_factor = profile->pipeline_calibration_factor = factor;
+    const Estimate e = estimate(*profile, cluster, l, options);
+    const double rest = e.step_s - e.makespan_s;  // sync exposed, optimizer, closing
+    factor = std::clamp(factor * (measured - rest) / e.makespan_s, 0.25, 4.0);
+  }
+  return factor;
+}
+
+double median_factor(const std::vector<CalibrationRow>& rows, bool pipeline) {
+  std::vector<double> factors;
+  for (const CalibrationRow& r : rows)
+    if (r.pipeline == pipeline) factors.push_back(r.factor);
+  if (factors.empty()) return 0;
+  std::sort(factors.begin(), factors.end());
+  const size_t n = factors.size();
+  return n % 2 ? factors[n / 2] : (factors[n / 2 - 1] + factors[n / 2]) / 2;
+}
+
+}  // namespace
+
 void calibrate(Profile* profile, const CostOptions& options) {
   profile->calibration.clear();
-  profile->calibration_factor = 1;
   std::vector<CalibrationRow> rows;
+  const int layers = static_cast<int>(profile->layers.size());
   for (const TrainingStepTiming& t : profile->training_step) {
-    const Cluster cluster = local_cluster(t.data_parallel);
     Layout l;
     l.dp = t.data_parallel;
     l.micro_batch_size = static_cast<int>(t.micro_batch);
-    l.split = {{0, static_cast<int>(profile->layers.size())}};
+    l.split = {{0, layers}};
     for (int r = 0; r < l.dp; ++r) l.ranks.push_back({0, 0, r});
-    double factor = 1;
-    for (int round = 0; round < 4; ++round) {
-      profile->calibration_factor = factor;
-      const Estimate e = estimate(*profile, cluster, l, options);
-      const double rest = e.step_s - e.makespan_s;  // sync exposed, optimizer, closing
-      factor = std::clamp(factor * (t.step_s - rest) / e.makespan_s, 0.25, 4.0);
-    }
-    rows.push_back({t.micro_batch, factor});
+    rows.push_back({t.micro_batch, solve_factor(profile, local_cluster(l.dp), l, t.step_s, options), false});
+  }
+  for (const PipelineStepTiming& t : profile->pipeline_step) {
+    Layout l;
+    l.pp = t.stages;
+    l.schedule = pipeline::ScheduleKind::kOneFOneB;
+    l.micro_batches = t.micro_batches;
+    l.micro_batch_size = static_cast<int>(t.micro_batch);
+    l.split = pipeline::parse_split(t.split, layers, t.stages);
+    for (int r = 0; r < l.pp; ++r) l.ranks.push_back({0, 0, r});
+    rows.push_back({t.micro_batch, solve_factor(profile, local_cluster(l.pp), l, t.step_s, options), true});
   }
   profile->calibration = rows;
-  profile->calibration_factor = 1;
-  if (rows.empty()) return;
-  std::vector<double> factors;
-  for (const CalibrationRow& r : rows) factors.push_back(r.factor);
-  std::sort(factors.begin(), factors.end());
-  const size_t n = factors.size();
-  profile->calibration_factor = n % 2 ? factors[n / 2] : (factors[n / 2 - 1] + factors[n / 2]) / 2;
+  const double data_parallel = median_factor(rows, false), pipelined = median_factor(rows, true);
+  profile->calibration_factor = data_parallel > 0 ? data_parallel : (pipelined > 0 ? pipelined : 1);
+  profile->pipeline_calibration_factor = pipelined > 0 ? pipelined : profile->calibration_factor;
 }
 
 }  // namespace trireme::plan

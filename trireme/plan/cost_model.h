@@ -131,13 +131,14 @@ struct Estimate {
 Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
                   const CostOptions& options = {});
 
-// Calibration from the profile's measured data-parallel training steps
-// (Profile::training_step): for each row, the factor on every F/B/W time that makes this
-// model's prediction of that very step (a local cluster of data_parallel ranks, dp =
-// data_parallel, m 1, that micro-batch size) equal the measured time, found by a few
+// Calibration from the profile's measured training steps (Profile::training_step, data
+// parallel; Profile::pipeline_step, a 1F1B pipeline): for each row, the factor on every
+// F/B/W time that makes this model's prediction of that very step (a local cluster of its
+// ranks, its layout and micro-batch size) equal the measured time, found by a few
 // fixed-point rounds (the exposed sync moves with the compute) and clamped to [0.25, 4];
-// the cost model then applies the rows' median at every micro-batch size. Fills
-// profile->calibration and calibration_factor (1 without rows). What it absorbs:
+// the cost model then applies the data-parallel rows' median to layouts without a pipeline
+// and the pipeline rows' median to pipelines (one kind standing in for a missing other).
+// Fills profile->calibration and the two factors (1 without rows). What it absorbs:
 // compute that runs slower inside a training step than in the layers timed alone (on a
 // CPU, Gloo's threads taking cores), which the overlap figure covers only in part.
 void calibrate(Profile* profile, const CostOptions& options = {});

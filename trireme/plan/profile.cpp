@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "trireme/common/error.h"
+#include "trireme/parallel/pipeline/partition.h"
 #include "trireme/plan/json_reader.h"
 
 namespace trireme::plan {
@@ -170,6 +171,13 @@ std::string to_json(const Profile& p) {
       steps.push_back({{"micro_batch", t.micro_batch}, {"step_s", t.step_s}, {"data_parallel", t.data_parallel}});
     out["training_step"] = steps;
   }
+  if (!p.pipeline_step.empty()) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    for (const PipelineStepTiming& t : p.pipeline_step)
+      steps.push_back({{"micro_batch", t.micro_batch}, {"micro_batches", t.micro_batches}, {"stages", t.stages},
+                       {"split", t.split}, {"step_s", t.step_s}});
+    out["pipeline_step"] = steps;
+  }
   return out.dump(1) + "\n";
 }
 
@@ -177,7 +185,8 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   const nlohmann::json doc = Field::parse(text, origin);
   const Field root(doc, "", origin);
   root.only({"format", "source", "device", "reference_tflops", "threads", "model", "state_bytes",
-             "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model", "training_step"});
+             "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model", "training_step",
+             "pipeline_step"});
   Profile p;
   p.format = static_cast<int>(root.at("format").integer(1));
   if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
@@ -230,6 +239,24 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
       if (!p.training_step.empty() && t.micro_batch <= p.training_step.back().micro_batch)
         tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
       p.training_step.push_back(t);
+    }
+  if (root.has("pipeline_step"))
+    for (const Field& tf : root.at("pipeline_step").items()) {
+      tf.only({"micro_batch", "micro_batches", "stages", "split", "step_s"});
+      PipelineStepTiming t;
+      t.micro_batch = tf.at("micro_batch").integer(1);
+      t.micro_batches = static_cast<int>(tf.at("micro_batches").integer(1));
+      t.stages = static_cast<int>(tf.at("stages").integer(2));
+      t.split = tf.at("split").str();
+      t.step_s = tf.at("step_s").positive();
+      try {
+        pipeline::parse_split(t.split, static_cast<int>(p.model.layers + 2), t.stages);
+      } catch (const InvalidArgument& e) {
+        tf.at("split").fail(std::string("is not a split of the model: ") + e.what());
+      }
+      if (!p.pipeline_step.empty() && t.micro_batch <= p.pipeline_step.back().micro_batch)
+        tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
+      p.pipeline_step.push_back(t);
     }
   const int64_t expected = p.model.layers + 2;
   if (static_cast<int64_t>(p.layers.size()) != expected)

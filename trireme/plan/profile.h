@@ -77,10 +77,22 @@ struct TrainingStepTiming {
   int data_parallel = 2;   // ranks in the step
 };
 
-// Compute in training over compute as profiled, at a micro-batch size (see calibrate()).
+// One pipeline training step as `trireme train --pp` runs it, over the profiling ranks as
+// the stages: StageExecutor's 1F1B with point-to-point transfers, the trainer's clipping
+// (norm summed over the stages) and AdamW on each stage, the closing all-reduce.
+struct PipelineStepTiming {
+  int64_t micro_batch = 1;
+  int micro_batches = 4;
+  int stages = 2;
+  std::string split;  // "0:3,3:6", the layers of each stage
+  double step_s = 0;  // median
+};
+
+// Compute in training over compute as profiled, for one measured step (see calibrate()).
 struct CalibrationRow {
   int64_t micro_batch = 1;
   double factor = 1;
+  bool pipeline = false;  // from a pipeline step (else a data-parallel one)
 };
 
 struct Link {
@@ -116,12 +128,16 @@ struct Profile {
   std::vector<LayerProfile> layers;  // the pipeline layer list, in order
   std::vector<WholeModelTiming> whole_model;  // optional, ascending micro_batch
   std::vector<TrainingStepTiming> training_step;  // optional, ascending micro_batch
+  std::vector<PipelineStepTiming> pipeline_step;  // optional, ascending micro_batch
   // Not in the file: computed from training_step by calibrate() when the profile is loaded
-  // for planning; empty (factor 1) until then. Each row's own factor, and the median of
+  // for planning; empty (factor 1) until then. Each row's own factor, and the medians of
   // them, which the cost model applies at every micro-batch size (one step per size is a
-  // noisy measurement; the median is robust to one that caught a burst of interference).
+  // noisy measurement; the median is robust to one that caught a burst of interference):
+  // the data-parallel steps' to layouts without a pipeline, the pipeline steps' to
+  // pipelines (each kind standing in for the other when only one was measured).
   std::vector<CalibrationRow> calibration;
   double calibration_factor = 1;
+  double pipeline_calibration_factor = 1;
 };
 
 // Which part of a layer's work.
@@ -139,8 +155,11 @@ double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_b
 // The whole model's measured forward and backward over the sum of its layers' F + B + W at
 // micro-batch b (interpolated like the times); 1 when the profile has no whole-model rows.
 double in_place_factor(const Profile& profile, double micro_batch);
-// The calibration factor the cost model applies: calibration_factor (1 before calibrate()).
-inline double training_factor(const Profile& profile) { return profile.calibration_factor; }
+// The calibration factor the cost model applies to a layout with (or without) a pipeline
+// (1 before calibrate()).
+inline double training_factor(const Profile& profile, bool pipeline) {
+  return pipeline ? profile.pipeline_calibration_factor : profile.calibration_factor;
+}
 // Activation (or output) bytes for micro-batch b, interpolated like the times.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);

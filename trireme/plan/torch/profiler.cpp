@@ -18,6 +18,9 @@
 #include "trireme/obs/memory.h"
 #include "trireme/optim/clip.h"
 #include "trireme/parallel/data/data_parallel.h"
+#include "trireme/parallel/pipeline/executor.h"
+#include "trireme/parallel/pipeline/partition.h"
+#include "trireme/parallel/pipeline/stage.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 
 namespace trireme::plan {
@@ -336,6 +339,55 @@ std::vector<TrainingStepTiming> measure_training_step(const LayerMeasureOptions&
          dist::run_collective("profile step all-reduce", [&] { return group->allreduce(closing); });
        }))
     rows.push_back({micro_batch, seconds, static_cast<int>(group->getSize())});
+  return rows;
+}
+
+std::vector<PipelineStepTiming> measure_pipeline_step(const LayerMeasureOptions& options,
+                                                      const dist::Group& group, int micro_batches) {
+  check_layer_options(options);
+  TRIREME_CHECK(micro_batches >= 1, "a pipeline step needs at least one micro-batch");
+  const int stages = static_cast<int>(group->getSize());
+  const int stage = static_cast<int>(group->getRank());
+  models::Gpt whole(options.model, options.seed);
+  whole->train();
+  const pipeline::LayerList layers = whole->layers();
+  TRIREME_CHECK(static_cast<int>(layers.size()) >= stages, "a pipeline of ", stages, " stages needs as many layers");
+  const std::vector<pipeline::LayerRange> split =
+      pipeline::balance_partition(std::vector<double>(layers.size(), 1.0), stages);
+  auto module = std::make_shared<pipeline::StageModule>(layers, std::vector<pipeline::LayerRange>{split[stage]});
+  torch::optim::AdamW adamw(module->parameters(), trainer_adamw_options());
+  const optim::NormSharing sharing{{group}, {}};
+  const pipeline::ScheduleSpec spec{pipeline::ScheduleKind::kOneFOneB, stages, micro_batches, 1};
+  const tensor::TensorParallel no_tp;
+  at::Generator generator = at::detail::createCPUGenerator(options.seed + 4);
+  std::vector<PipelineStepTiming> rows;
+  for (const int64_t micro_batch : options.micro_batches) {
+    pipeline::StageExecutor executor(
+        spec, stage, module->parts(),
+        [&](const at::Tensor& logits, const at::Tensor& targets) {
+          return tensor::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                                      no_tp);
+        },
+        pipeline::ActivationSpec{{micro_batch, options.model.seq_len, options.model.dim}, at::kFloat, at::kCPU},
+        group);
+    std::vector<pipeline::MicroBatch> inputs;
+    for (int k = 0; k < micro_batches; ++k)
+      inputs.push_back({at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong),
+                        at::randint(options.model.vocab, {micro_batch, options.model.seq_len}, generator, at::kLong)});
+    std::vector<double> samples;
+    for (int round = 0; round <= options.repeats; ++round) {  // round 0 warms up
+      call(options.in_step);
+      const double start_us = obs::now_us();
+      const double loss = executor.run(inputs);
+      optim::clip_grad_norm(module->parameters(), 1.0, sharing);
+      adamw.step();
+      adamw.zero_grad();
+      std::vector<at::Tensor> closing{at::tensor({loss, 0.0}, at::TensorOptions(at::kDouble))};
+      dist::run_collective("profile step all-reduce", [&] { return group->allreduce(closing); });
+      if (round > 0) samples.push_back(seconds_since(start_us));
+    }
+    rows.push_back({micro_batch, micro_batches, stages, pipeline::format_split(split), median(samples)});
+  }
   return rows;
 }
 

@@ -121,6 +121,15 @@ std::vector<WholeModelTiming> measure_whole_model(const LayerMeasureOptions& opt
 std::vector<TrainingStepTiming> measure_training_step(const LayerMeasureOptions& options,
                                                       const dist::Group& group);
 
+// Pipeline training steps (Profile::pipeline_step): the ranks of `group` as the stages of
+// the reference GPT split evenly by layer count, per micro-batch size `micro_batches`
+// micro-batches through StageExecutor's 1F1B (point-to-point over `group`), then the
+// trainer's clipping with the norm summed over the stages, AdamW and zero_grad on each
+// stage, and the closing all-reduce of two scalars; in_step before each; medians after a
+// warm-up. A collective, like measure_training_step.
+std::vector<PipelineStepTiming> measure_pipeline_step(const LayerMeasureOptions& options,
+                                                      const dist::Group& group, int micro_batches = 4);
+
 // Each layer's timings with the model split over `tp` (see above), one entry per layer of
 // the layer list: {tp.size, rows}. A collective: every rank of tp.group calls it with the
 // same options (the same seed gives every rank the same inputs). on_layer is not called.
