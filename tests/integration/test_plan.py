@@ -30,6 +30,12 @@ class PlanTest(unittest.TestCase):
         out = run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--out", plan]).stdout
         self.assertIn("chosen: ", out)
         self.assertIn("runners-up", out)
+        self.assertIn("calibrated by the profile's measured steps", out)
+        # Without calibration the same search runs on the layer times alone.
+        raw = run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8",
+                   "--no-calibration"]).stdout
+        self.assertNotIn("calibrated by", raw)
+        self.assertIn("chosen: ", raw)
         with open(plan) as f:
             written = json.load(f)
         layout = written["layout"]

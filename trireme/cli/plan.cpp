@@ -164,6 +164,10 @@ int plan_main(const std::vector<std::string>& args) {
 
   std::printf("cluster '%s': %d devices in %zu group(s); profile: %s (%s)\n", cluster.name.c_str(),
               cluster.devices(), cluster.groups.size(), profile.source.c_str(), profile.device.c_str());
+  if (!profile.calibration.empty())
+    std::printf("calibrated by the profile's measured steps: compute x%.2f without a pipeline, x%.2f in pipelines "
+                "(--no-calibration: the layer times alone)\n",
+                profile.calibration_factor, profile.pipeline_calibration_factor);
   plan::Candidate chosen;
   if (f.evaluate) {
     chosen.layout = layout_from_flags(f, profile, cluster);
