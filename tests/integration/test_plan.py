@@ -99,6 +99,38 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2, bad.stderr)
         self.assertIn("--replica-batches 6,1 sum to 7 but --global-batch is 8", bad.stderr)
 
+    def test_measure_top_runs_the_candidates_and_keeps_the_fastest_measured(self):
+        """--measure-top K: the search's best and its runners-up are run here for real and the
+        plan written is the one with the smallest measured step, which the plan records."""
+        plan = os.path.join(self.dir, "measured-plan.json")
+        trials = os.path.join(self.dir, "trials")
+        out = run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--measure-top", "2",
+                   "--measure-steps", "4", "--measure-rounds", "1", "--measure-dir", trials, "--out", plan]).stdout
+        print(out[out.index("measuring"):])
+        table = out[out.index("measured (median step"):out.index("measured choice: ")].splitlines()[2:]
+        rows = [line.split() for line in table]
+        self.assertEqual(len(rows), 2, out)
+        measured = [float(r[2]) for r in rows]  # "  151.4 ms  158.2 ms  dp 2 ..."
+        fastest = min(range(2), key=lambda i: measured[i])
+        self.assertIn("<- fastest measured", table[fastest])
+        chosen = next(l for l in out.splitlines() if l.startswith("measured choice: "))[len("measured choice: "):]
+        self.assertIn(chosen, table[fastest])
+        with open(plan) as f:
+            written = json.load(f)
+        self.assertEqual(written["measured"]["candidates"], 2)
+        self.assertAlmostEqual(written["measured"]["step_s"] * 1e3, measured[fastest], delta=0.051)
+        # Each trial was a real run whose metrics the measurement came from.
+        runs = sorted(d for d in os.listdir(trials) if d.startswith("run-") and not d.endswith(".log"))
+        self.assertEqual(len(runs), 2, runs)
+        for d in runs:
+            self.assertTrue(os.path.exists(os.path.join(trials, d, "metrics.jsonl")), d)
+        # A cluster of devices that are not on this machine cannot be measured from here.
+        remote = self.write("remote.json", {"groups": [{"name": "a100s", "device": "A100", "machines": 1}]})
+        proc = run(["plan", "--profile", self.profile, "--cluster", remote, "--measure-top", "2"], check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--measure-top runs the candidates on this machine, but group 'a100s'", proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+
     def test_bad_cluster_and_bad_plan_name_the_field(self):
         cluster = self.write("bad-cluster.json", {"groups": [
             {"device": "A100", "machines": 2, "devices_per_machine": 8, "inter_bandwidth_gbps": -5}]})

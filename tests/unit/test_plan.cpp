@@ -337,6 +337,31 @@ TEST(PlanFile, RoundTripCarriesTheLayoutAndTheEmulatedSlowdown) {
   EXPECT_THROW(slowdown_of("1:inf", 1), InvalidArgument);
   EXPECT_THROW(check_slowdown("2:1.5", 2), InvalidArgument);  // no rank 2 in a world of 2
   EXPECT_NO_THROW(check_slowdown("1:1.5", 2));
+  EXPECT_EQ(plan.measured_candidates, 0);  // chosen by the cost model alone: no "measured"
+  EXPECT_EQ(to_json(plan).find("\"measured\": {"), std::string::npos);
+}
+
+TEST(PlanFile, MeasuredStepOfTrialRunsRoundTrips) {
+  Profile p = uniform_profile(6);
+  const Cluster c = local_cluster(2);
+  SearchOptions o;
+  o.global_batch = 8;
+  Plan plan = make_plan(p, c, search(p, c, o).best);
+  plan.measured_step_s = 0.125;
+  plan.measured_candidates = 3;
+  const Plan back = parse_plan(to_json(plan), "plan.json");
+  EXPECT_DOUBLE_EQ(back.measured_step_s, 0.125);
+  EXPECT_EQ(back.measured_candidates, 3);
+  std::string text = to_json(plan);
+  const auto at = text.find("\"candidates\": 3");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 16, "\"candidates\": 0");
+  try {
+    parse_plan(text, "plan.json");
+    ADD_FAILURE() << "a measured plan of 0 candidates was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.json: measured.candidates"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {

@@ -2,11 +2,13 @@
 // for `trireme train --plan`; with --evaluate it predicts one given layout instead.
 //   trireme plan --profile profile.json --cluster cluster.json --global-batch 64 --out plan.json
 //   trireme plan --profile profile.json --local 2 --evaluate --pp 2 --schedule zb-h1 --micro-batches 4
+//   trireme plan --profile profile.json --local 2 --measure-top 3 --out plan.json   (cli/plan_trials.h)
 #include <algorithm>
 #include <cstdio>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
+#include "trireme/cli/plan_trials.h"
 #include "trireme/cli/profile_source.h"
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
@@ -31,6 +33,7 @@ struct PlanFlags {
   int64_t micro_batches = 1;
   std::string schedule, pp_split, replica_batches;
   bool compare_symmetric = false;
+  TrialOptions trials;  // --measure-top
 };
 
 std::string ms(double seconds) {
@@ -111,6 +114,38 @@ void print_candidate(const plan::Candidate& c, const plan::Cluster& cluster) {
   }
 }
 
+struct MeasuredChoice {
+  double step_s = 0;
+  int candidates = 0;
+};
+
+// --measure-top: runs the search's best and its runners-up (K in all) on this machine and
+// replaces *chosen by the fastest measured.
+MeasuredChoice choose_by_trials(const plan::SearchResult& r, const plan::Profile& profile,
+                                const plan::Cluster& cluster, const TrialOptions& options, plan::Candidate* chosen) {
+  std::vector<plan::Candidate> candidates{r.best};
+  for (const auto& [c, why] : r.runners_up)
+    if (static_cast<int>(candidates.size()) < options.candidates) candidates.push_back(c);
+  std::printf("measuring the %zu best layouts on this machine (%d round(s) of %d steps each) ...\n",
+              candidates.size(), options.rounds, options.steps);
+  const std::vector<TrialResult> results = measure_candidates(candidates, profile, cluster, options);
+  const TrialResult* best = nullptr;
+  for (const auto& t : results)
+    if (t.measured_step_s > 0 && (!best || t.measured_step_s < best->measured_step_s)) best = &t;
+  std::printf("measured (median step, the first 2 steps of each run not counted):\n");
+  std::printf("  %10s %10s  %s\n", "predicted", "measured", "layout");
+  for (const auto& t : results)
+    std::printf("  %10s %10s  %s%s\n", ms(t.candidate.estimate.step_s).c_str(),
+                t.measured_step_s > 0 ? ms(t.measured_step_s).c_str() : "failed",
+                plan::describe(t.candidate.layout).c_str(), &t == best ? "  <- fastest measured" : "");
+  *chosen = best->candidate;
+  std::printf("measured choice: %s\n", plan::describe(chosen->layout).c_str());
+  if (&results.front() != best && results.front().measured_step_s > 0)
+    std::printf("  the cost model's choice measured %s, %.1f%% slower\n", ms(results.front().measured_step_s).c_str(),
+                (results.front().measured_step_s / best->measured_step_s - 1) * 100);
+  return {best->measured_step_s, static_cast<int>(candidates.size())};
+}
+
 }  // namespace
 
 int plan_main(const std::vector<std::string>& args) {
@@ -139,10 +174,18 @@ int plan_main(const std::vector<std::string>& args) {
   parser.add("pp-split", &f.pp_split, "with --evaluate: layer split (default: balanced by profiled time)");
   parser.add("replica-batches", &f.replica_batches,
              "with --evaluate: sequences of each data-parallel replica, e.g. 12,4 (default: even)");
+  parser.add("measure-top", &f.trials.candidates,
+             "run the K best layouts of different families on this machine (trireme train --plan) and "
+             "choose the fastest measured (clusters of this machine's ranks: --local N or \"cpu\" groups)");
+  parser.add("measure-steps", &f.trials.steps, "with --measure-top: steps per trial run (the first 2 not counted)");
+  parser.add("measure-rounds", &f.trials.rounds,
+             "with --measure-top: runs of each candidate, in a rotated order each round");
+  parser.add("measure-dir", &f.trials.dir, "with --measure-top: keep the trial plans, runs and logs here");
   const auto rest = parser.parse(args);
   if (parser.help_requested()) {
     std::fputs("usage: trireme plan --profile profile.json (--cluster cluster.json | --local N)\n"
-               "                    [--global-batch B] [--out plan.json] [--evaluate LAYOUT FLAGS]\n",
+               "                    [--global-batch B] [--out plan.json] [--evaluate LAYOUT FLAGS]\n"
+               "                    [--measure-top K [--measure-steps S] [--measure-rounds R]]\n",
                stdout);
     std::fputs(parser.usage().c_str(), stdout);
     return 0;
@@ -151,8 +194,12 @@ int plan_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(f.cluster.empty() != (f.local == 0),
                 "give exactly one of --cluster FILE and --local N (N ranks of this machine)");
   TRIREME_CHECK(f.runners_up >= 0, "--runners-up must be >= 0");
+  TRIREME_CHECK(f.trials.candidates >= 0, "--measure-top must be >= 0 (0: choose by the cost model alone)");
+  TRIREME_CHECK(f.trials.candidates == 0 || !f.evaluate,
+                "--measure-top chooses among searched layouts; it does not combine with --evaluate");
   const plan::Profile profile = load_profile(f.source);
   const plan::Cluster cluster = f.cluster.empty() ? plan::local_cluster(f.local) : plan::read_cluster(f.cluster);
+  if (f.trials.candidates > 0) check_measurable(cluster);
 
   plan::SearchOptions options;
   options.global_batch = f.global_batch;
@@ -169,6 +216,7 @@ int plan_main(const std::vector<std::string>& args) {
                 "(--no-calibration: the layer times alone)\n",
                 profile.calibration_factor, profile.pipeline_calibration_factor);
   plan::Candidate chosen;
+  MeasuredChoice measured;
   if (f.evaluate) {
     chosen.layout = layout_from_flags(f, profile, cluster);
     chosen.estimate = plan::estimate(profile, cluster, chosen.layout, options.cost);
@@ -207,9 +255,14 @@ int plan_main(const std::vector<std::string>& args) {
         std::printf("  %-40s %s\n", r.rejected[i].first.c_str(), r.rejected[i].second.c_str());
       if (r.rejected.size() > 5) std::printf("  ... and %zu more families\n", r.rejected.size() - 5);
     }
+    if (f.trials.candidates > 0) measured = choose_by_trials(r, profile, cluster, f.trials, &chosen);
   }
   if (!f.out.empty()) {
-    const plan::Plan p = plan::make_plan(profile, cluster, chosen);
+    plan::Plan p = plan::make_plan(profile, cluster, chosen);
+    if (measured.step_s > 0) {
+      p.measured_step_s = measured.step_s;
+      p.measured_candidates = measured.candidates;
+    }
     // What the trainer would refuse is not written (--evaluate takes any layout).
     TrainOptions run_as;
     apply_plan(p, f.out, &run_as);

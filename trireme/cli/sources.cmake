@@ -10,6 +10,7 @@ target_sources(trireme_cli PRIVATE
   trireme/cli/report.cpp
   trireme/cli/launch_flags.cpp
   trireme/cli/plan.cpp
+  trireme/cli/plan_trials.cpp
   trireme/cli/profile.cpp
   trireme/cli/profile_source.cpp
   trireme/cli/simulate.cpp

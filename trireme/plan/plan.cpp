@@ -65,7 +65,7 @@ std::string to_json(const Plan& p) {
     layout["replica_micro_batch_sizes"] = p.replica_micro_batch_sizes;
   layout["zero"] = p.zero;
   if (p.pp > 1) layout["pp_split"] = p.pp_split;
-  const nlohmann::ordered_json out = {
+  nlohmann::ordered_json out = {
       {"format", 1},
       {"cluster", p.cluster},
       {"profile", p.profile},
@@ -78,13 +78,15 @@ std::string to_json(const Plan& p) {
         {"samples_per_s", p.predicted_samples_per_s},
         {"bubble_fraction", p.predicted_bubble},
         {"memory_bytes_per_stage", p.predicted_memory_bytes}}}};
+  if (p.measured_candidates > 0)
+    out["measured"] = {{"step_s", p.measured_step_s}, {"candidates", p.measured_candidates}};
   return out.dump(1) + "\n";
 }
 
 Plan parse_plan(const std::string& text, const std::string& origin) {
   const nlohmann::json doc = Field::parse(text, origin);
   const Field root(doc, "", origin);
-  root.only({"format", "cluster", "profile", "model", "global_batch", "layout", "ranks", "predicted"});
+  root.only({"format", "cluster", "profile", "model", "global_batch", "layout", "ranks", "predicted", "measured"});
   if (root.at("format").integer(1) != 1)
     root.at("format").fail("is not 1; this plan was written by another trireme: re-run trireme plan");
   Plan p;
@@ -165,6 +167,12 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
     p.predicted_bubble = pr.non_negative_or("bubble_fraction", 0);
     if (pr.has("memory_bytes_per_stage"))
       for (const Field& m : pr.at("memory_bytes_per_stage").items()) p.predicted_memory_bytes.push_back(m.non_negative());
+  }
+  if (root.has("measured")) {
+    const Field me = root.at("measured");
+    me.only({"step_s", "candidates"});
+    p.measured_step_s = me.at("step_s").positive();
+    p.measured_candidates = static_cast<int>(me.at("candidates").integer(1));
   }
   return p;
 }

@@ -10,7 +10,9 @@
 //    "ranks": [{"rank": 0, "group": "fast", "machine": 0, "device": 0, "speed": 1,
 //               "emulated_slowdown": 1}, ...],
 //    "predicted": {"step_s": 0.12, "samples_per_s": 133, "bubble_fraction": 0.2,
-//                  "memory_bytes_per_stage": [...]}}
+//                  "memory_bytes_per_stage": [...]},
+//    (chosen by trial runs, trireme plan --measure-top K:
+//     "measured": {"step_s": 0.13, "candidates": 3})}
 //
 // `emulated_slowdown` is, for ranks of a group described by a relative speed (a device
 // emulated on this machine's CPU ranks), the fastest such group's speed over theirs:
@@ -52,6 +54,10 @@ struct Plan {
   double predicted_samples_per_s = 0;
   double predicted_bubble = 0;
   std::vector<double> predicted_memory_bytes;  // per stage
+  // `trireme plan --measure-top K`: this layout's step time measured on this machine (the
+  // fastest measured of `measured_candidates` trial runs); 0 and 0 when not measured.
+  double measured_step_s = 0;
+  int measured_candidates = 0;
 
   int world() const { return dp * tp * pp; }
 };

@@ -15,9 +15,11 @@
 //   zero          0, 1, 2 when dp > 1
 //   layer split   contiguous, balanced for time on each stage's device speed (a slower
 //                 stage gets fewer layers): min-max partition, one split for every replica
+//   replica batches  on 2-4 groups, each replica placed whole inside one group and each
+//                 group's replicas given their own micro-batch size (uneven data parallelism)
 // Not searched, because the runtime cannot run it yet (so it is never emitted): different
-// batch sizes per replica, different splits per replica. Only the symmetric baseline below
-// may spread a stage over two groups (as symmetric planning does on a mixed cluster).
+// splits or micro-batch counts per replica. Only the symmetric baseline below may spread a
+// stage over two groups (as symmetric planning does on a mixed cluster).
 //
 // Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
 // fastest device) is already slower than `prune_factor` x the best found is not replayed.
