@@ -78,6 +78,8 @@ TEST(LaunchEnv, TorchrunVariablesForSecondNode) {
   EXPECT_EQ(value_of(env, "OMP_NUM_THREADS"), "1");
   EXPECT_EQ(value_of(env, "TRIREME_TTY"), "<unset>");
   EXPECT_EQ(value_of(env, "PATH"), "/bin");
+  EXPECT_EQ(value_of(env, "MALLOC_MMAP_THRESHOLD_"), "33554432");
+  EXPECT_EQ(value_of(env, "MALLOC_TRIM_THRESHOLD_"), "1073741824");
   EXPECT_EQ(std::count_if(env.begin(), env.end(),
                           [](const std::string& e) { return e.rfind("RANK=", 0) == 0; }),
             1);
@@ -92,6 +94,21 @@ TEST(LaunchEnv, KeepsOmpThreadsTtyFlagAndExtraEnvWins) {
   EXPECT_EQ(value_of(env, "TRIREME_TTY"), "1");
   EXPECT_EQ(value_of(env, "MASTER_PORT"), "1");
   EXPECT_EQ(value_of(env, "TRIREME_X"), "y");
+}
+
+TEST(LaunchEnv, MallocSettingsYieldToTheCallersOwn) {
+  LaunchOptions o;
+  const JobInfo job{"127.0.0.1", 5, "id", 0, false};
+  // One variable set: that one kept, the others still added.
+  auto env = worker_environment({"MALLOC_TRIM_THRESHOLD_=0"}, o, 0, job);
+  EXPECT_EQ(value_of(env, "MALLOC_TRIM_THRESHOLD_"), "0");
+  EXPECT_EQ(value_of(env, "MALLOC_MMAP_THRESHOLD_"), "33554432");
+  // Tunables or another allocator: none added.
+  for (const std::string& own : {"GLIBC_TUNABLES=glibc.malloc.arena_max=2", "LD_PRELOAD=libjemalloc.so.2"}) {
+    env = worker_environment({own}, o, 0, job);
+    EXPECT_EQ(value_of(env, "MALLOC_MMAP_THRESHOLD_"), "<unset>") << own;
+    EXPECT_EQ(value_of(env, "MALLOC_TOP_PAD_"), "<unset>") << own;
+  }
 }
 
 namespace {

@@ -6,7 +6,9 @@
 // launcher's stderr is a terminal; TRIREME_ELASTIC=1 in an elastic job (--nnodes MIN:MAX,
 // whose world size changes between generations); TRIREME_SNAPSHOT_DIR, the directory in shared memory
 // (/dev/shm) that the agent owns for the workers' snapshots: it outlives the workers and
-// is removed when the job ends; last LaunchOptions::extra_env, which overrides all.
+// is removed when the job ends; glibc malloc's MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
+// and MALLOC_TOP_PAD_ (host_allocator_variables) unless the launcher's environment sets any
+// of them, GLIBC_TUNABLES or LD_PRELOAD; last LaunchOptions::extra_env, which overrides all.
 #pragma once
 
 #include <string>
@@ -32,6 +34,12 @@ struct JobInfo {
   int node_position = -1;
   int nodes = -1;
 };
+
+// glibc malloc settings that keep freed tensor memory for reuse instead of returning it
+// to the kernel (a step reallocates the same sizes; each page returned comes back as a
+// zeroed page fault): allocations under 32 MiB from the heap, which is trimmed only above
+// 1 GiB free. Resident memory stays at the step's peak, which training reaches anyway.
+EnvVars host_allocator_variables();
 
 // The torchrun variables of local worker `local_rank` (0..nproc_per_node-1).
 EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const JobInfo& job);
