@@ -73,7 +73,8 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   // glibc malloc kept from giving memory back: a training step frees and allocates the
   // same tens of MiB of tensors every step, and each one glibc mmaps afresh (or trims from
   // the heap) comes back as page faults, zeroed by the kernel on first touch (about 11,000
-  // faults per rank per step for the reference GPT pipeline, 2% of its step). Left alone
+  // faults per rank per step for the reference GPT pipeline at p=2, whose tokens/s rose by
+  // 5-15% without them: docs/design-notes.md "Worker processes"). Left alone
   // when the caller tuned malloc itself (any of these, GLIBC_TUNABLES or an LD_PRELOADed
   // allocator).
   if (!has_key(base, "GLIBC_TUNABLES") && !has_key(base, "LD_PRELOAD")) {
