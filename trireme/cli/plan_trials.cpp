@@ -75,6 +75,15 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
+// Removes a temporary directory however the trials end.
+struct RemoveOnExit {
+  std::string dir;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -106,6 +115,7 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
                   std::filesystem::temp_directory_path().string(), ": ", std::strerror(errno));
     dir = pattern;
   }
+  const RemoveOnExit cleanup{temporary ? dir : std::string()};
   std::filesystem::create_directories(dir);
   std::vector<TrialResult> results(candidates.size());
   std::vector<std::string> plans;
@@ -124,6 +134,9 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
       std::fflush(stdout);
       const std::string run_dir = dir + "/run-" + std::to_string(i) + "-" + std::to_string(r);
       const std::string log = run_dir + ".log";
+      // A kept --measure-dir may hold an earlier trial's run: start afresh, never resume it.
+      std::filesystem::remove_all(run_dir);
+      std::filesystem::remove(log);
       const int world_of_plan = t.candidate.layout.dp * t.candidate.layout.tp * t.candidate.layout.pp;
       const int status = run_logged({self, "train", "gpt", "--nproc-per-node", std::to_string(world_of_plan), "--plan",
                                      plans[i], "--steps", std::to_string(options.steps), "--out", run_dir, "--quiet",
@@ -143,7 +156,6 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
   for (auto& t : results) {
     if (!t.step_s.empty()) t.measured_step_s = median(t.step_s), any = true;
   }
-  if (temporary) std::filesystem::remove_all(dir);
   if (!any)
     TRIREME_THROW(Error, "no candidate of --measure-top ran: ", results.front().error,
                   temporary ? std::string() : " (logs under " + dir + ")");
