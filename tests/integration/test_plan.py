@@ -110,6 +110,9 @@ class PlanTest(unittest.TestCase):
         table = out[out.index("measured (median step"):out.index("measured choice: ")].splitlines()[2:]
         rows = [line.split() for line in table]
         self.assertEqual(len(rows), 2, out)
+        # The second candidate is the best layout of another dp x tp x pp shape.
+        shapes = {line[line.index("dp "):line.index(" x pp ") + 8] for line in table}
+        self.assertEqual(len(shapes), 2, table)
         measured = [float(r[2]) for r in rows]  # "  151.4 ms  158.2 ms  dp 2 ..."
         fastest = min(range(2), key=lambda i: measured[i])
         self.assertIn("<- fastest measured", table[fastest])

@@ -5,6 +5,7 @@
 //   trireme plan --profile profile.json --local 2 --measure-top 3 --out plan.json   (cli/plan_trials.h)
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
@@ -119,14 +120,27 @@ struct MeasuredChoice {
   int candidates = 0;
 };
 
-// --measure-top: runs the search's best and its runners-up (K in all) on this machine and
-// replaces *chosen by the fastest measured.
+// --measure-top: runs K layouts on this machine (the search's best, the best runner-up of
+// each other shape, then the next runners-up) and replaces *chosen by the fastest measured.
 MeasuredChoice choose_by_trials(const plan::SearchResult& r, const plan::Profile& profile,
                                 const plan::Cluster& cluster, const TrialOptions& options, plan::Candidate* chosen) {
+  // The model's errors are largest between shapes (a pipeline of one-sequence micro-batches
+  // against data parallelism, say), so the trials first take the best of each other
+  // dp x tp x pp shape, then the next families in the model's order.
   std::vector<plan::Candidate> candidates{r.best};
-  for (const auto& [c, why] : r.runners_up)
-    if (static_cast<int>(candidates.size()) < options.candidates) candidates.push_back(c);
-  std::printf("measuring the %zu best layouts on this machine (%d round(s) of %d steps each) ...\n",
+  auto shape = [](const plan::Layout& l) { return std::make_tuple(l.dp, l.tp, l.pp); };
+  std::vector<bool> taken(r.runners_up.size(), false);
+  for (size_t i = 0; i < r.runners_up.size() && static_cast<int>(candidates.size()) < options.candidates; ++i) {
+    const plan::Layout& l = r.runners_up[i].first.layout;
+    if (std::none_of(candidates.begin(), candidates.end(),
+                     [&](const plan::Candidate& c) { return shape(c.layout) == shape(l); })) {
+      candidates.push_back(r.runners_up[i].first);
+      taken[i] = true;
+    }
+  }
+  for (size_t i = 0; i < r.runners_up.size() && static_cast<int>(candidates.size()) < options.candidates; ++i)
+    if (!taken[i]) candidates.push_back(r.runners_up[i].first);
+  std::printf("measuring %zu layouts on this machine (%d round(s) of %d steps each) ...\n",
               candidates.size(), options.rounds, options.steps);
   const std::vector<TrialResult> results = measure_candidates(candidates, profile, cluster, options);
   const TrialResult* best = nullptr;
@@ -140,6 +154,20 @@ MeasuredChoice choose_by_trials(const plan::SearchResult& r, const plan::Profile
                 plan::describe(t.candidate.layout).c_str(), &t == best ? "  <- fastest measured" : "");
   *chosen = best->candidate;
   std::printf("measured choice: %s\n", plan::describe(chosen->layout).c_str());
+  // Say when the lead is smaller than the machine's own run-to-run spread.
+  const TrialResult* second = nullptr;
+  double spread = 0;
+  for (const auto& t : results) {
+    if (t.measured_step_s <= 0) continue;
+    if (&t != best && (!second || t.measured_step_s < second->measured_step_s)) second = &t;
+    if (t.round_s.size() >= 2)
+      spread = std::max(spread, *std::max_element(t.round_s.begin(), t.round_s.end()) /
+                                    *std::min_element(t.round_s.begin(), t.round_s.end()) - 1);
+  }
+  if (second && second->measured_step_s / best->measured_step_s - 1 < spread)
+    std::printf("  note: the runner-up measured only %.1f%% slower, less than the %.1f%% one layout's rounds varied "
+                "by here; the two are not told apart on this machine (more --measure-rounds or --measure-steps)\n",
+                (second->measured_step_s / best->measured_step_s - 1) * 100, spread * 100);
   if (&results.front() != best && results.front().measured_step_s > 0)
     std::printf("  the cost model's choice measured %s, %.1f%% slower\n", ms(results.front().measured_step_s).c_str(),
                 (results.front().measured_step_s / best->measured_step_s - 1) * 100);
@@ -175,8 +203,8 @@ int plan_main(const std::vector<std::string>& args) {
   parser.add("replica-batches", &f.replica_batches,
              "with --evaluate: sequences of each data-parallel replica, e.g. 12,4 (default: even)");
   parser.add("measure-top", &f.trials.candidates,
-             "run the K best layouts of different families on this machine (trireme train --plan) and "
-             "choose the fastest measured (clusters of this machine's ranks: --local N or \"cpu\" groups)");
+             "run K layouts on this machine (trireme train --plan): the model's choice and the best of other "
+             "dp x tp x pp shapes; choose the fastest measured (--local N or \"cpu\" groups only)");
   parser.add("measure-steps", &f.trials.steps, "with --measure-top: steps per trial run (the first 2 not counted)");
   parser.add("measure-rounds", &f.trials.rounds,
              "with --measure-top: runs of each candidate, in a rotated order each round");
@@ -204,7 +232,8 @@ int plan_main(const std::vector<std::string>& args) {
   plan::SearchOptions options;
   options.global_batch = f.global_batch;
   options.aware = !f.symmetric;
-  options.runners_up = f.runners_up;
+  // Trial runs pick among more families than are shown (see choose_by_trials).
+  options.runners_up = std::max(f.runners_up, f.trials.candidates > 0 ? 8 * f.trials.candidates : 0);
   options.cost = cost_options_for(profile);
   if (f.overlap >= 0) options.cost.overlap = f.overlap;
   TRIREME_CHECK(options.cost.overlap <= 1, "--overlap must be in [0, 1]");
@@ -230,11 +259,13 @@ int plan_main(const std::vector<std::string>& args) {
                 static_cast<long long>(r.evaluated), static_cast<long long>(r.pruned), r.search_s);
     std::printf("chosen: %s\n", plan::describe(chosen.layout).c_str());
     print_candidate(chosen, cluster);
-    if (!r.runners_up.empty()) {
+    if (!r.runners_up.empty() && f.runners_up > 0) {
       std::printf("runners-up (the best of each other family):\n");
-      for (const auto& [c, why] : r.runners_up)
+      for (size_t i = 0; i < r.runners_up.size() && static_cast<int>(i) < f.runners_up; ++i) {
+        const auto& [c, why] = r.runners_up[i];
         std::printf("  %10s  %-58s  %s\n", ms(c.estimate.step_s).c_str(), plan::describe(c.layout).c_str(),
                     why.c_str());
+      }
     }
     if (f.compare_symmetric) {
       plan::SearchOptions symmetric = options;

@@ -149,6 +149,7 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
         continue;
       }
       t.step_s.insert(t.step_s.end(), steps.begin(), steps.end());
+      t.round_s.push_back(median(steps));
       std::printf("%.1f ms\n", median(steps) * 1e3);
     }
   }

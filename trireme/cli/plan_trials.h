@@ -1,6 +1,7 @@
-// `trireme plan --measure-top K`: the cost model ranks the layouts, then the K best of
-// different families (the chosen one and its runners-up) are run on this machine with
-// `trireme train gpt --plan` and the fastest measured is chosen. For clusters whose ranks
+// `trireme plan --measure-top K`: the cost model ranks the layouts, then K of them are run
+// on this machine with `trireme train gpt --plan` and the fastest measured is chosen: the
+// model's choice, the best of each other dp x tp x pp shape, then the next families in the
+// model's order (cli/plan.cpp, choose_by_trials). For clusters whose ranks
 // all live here (`--local N`, or groups of device "cpu" emulated on this machine's ranks);
 // a cluster of real accelerators elsewhere cannot be measured from here.
 //
@@ -28,6 +29,7 @@ struct TrialOptions {
 struct TrialResult {
   plan::Candidate candidate;
   std::vector<double> step_s;  // every measured step of every round
+  std::vector<double> round_s;  // the median step of each round that ran
   double measured_step_s = 0;  // their median; 0 when every run of it failed
   std::string error;           // the last failure, if any
 };
