@@ -84,12 +84,6 @@ struct RemoveOnExit {
   }
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 }  // namespace
 
 void check_measurable(const plan::Cluster& cluster) {
@@ -137,8 +131,7 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
       // A kept --measure-dir may hold an earlier trial's run: start afresh, never resume it.
       std::filesystem::remove_all(run_dir);
       std::filesystem::remove(log);
-      const int world_of_plan = t.candidate.layout.dp * t.candidate.layout.tp * t.candidate.layout.pp;
-      const int status = run_logged({self, "train", "gpt", "--nproc-per-node", std::to_string(world_of_plan), "--plan",
+      const int status = run_logged({self, "train", "gpt", "--nproc-per-node", std::to_string(t.candidate.layout.world()), "--plan",
                                      plans[i], "--steps", std::to_string(options.steps), "--out", run_dir, "--quiet",
                                      "--trace-steps", "0", "--sample-tokens", "0"},
                                     log);
@@ -149,13 +142,13 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
         continue;
       }
       t.step_s.insert(t.step_s.end(), steps.begin(), steps.end());
-      t.round_s.push_back(median(steps));
-      std::printf("%.1f ms\n", median(steps) * 1e3);
+      t.round_s.push_back(plan::median(steps));
+      std::printf("%.1f ms\n", t.round_s.back() * 1e3);
     }
   }
   bool any = false;
   for (auto& t : results) {
-    if (!t.step_s.empty()) t.measured_step_s = median(t.step_s), any = true;
+    if (!t.step_s.empty()) t.measured_step_s = plan::median(t.step_s), any = true;
   }
   if (!any)
     TRIREME_THROW(Error, "no candidate of --measure-top ran: ", results.front().error,

@@ -313,4 +313,11 @@ Profile analytic_profile(const models::GptConfig& m, const std::string& device, 
   return p;
 }
 
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
 }  // namespace trireme::plan

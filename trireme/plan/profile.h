@@ -155,6 +155,8 @@ double rows_time(const std::vector<LayerTiming>& rows, Work work, double micro_b
 // The whole model's measured forward and backward over the sum of its layers' F + B + W at
 // micro-batch b (interpolated like the times); 1 when the profile has no whole-model rows.
 double in_place_factor(const Profile& profile, double micro_batch);
+// Median (the mean of the middle two for an even count); 0 for none.
+double median(std::vector<double> values);
 // The calibration factor the cost model applies to a layout with (or without) a pipeline
 // (1 before calibrate()).
 inline double training_factor(const Profile& profile, bool pipeline) {

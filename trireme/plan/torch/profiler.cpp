@@ -177,13 +177,6 @@ void check_micro_batches(const std::vector<int64_t>& sizes) {
 
 }  // namespace
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
-}
-
 namespace {
 
 void check_layer_options(const LayerMeasureOptions& options) {

@@ -186,7 +186,4 @@ Link fit_link(const std::vector<double>& bytes, const std::vector<double>& secon
 // thread count), in TFLOPS: median of `repeats` after a warm-up. in_step as above.
 double measure_matmul_tflops(int repeats, const std::function<void()>& in_step = {});
 
-// Median (the mean of the middle two for an even count); 0 for none.
-double median(std::vector<double> values);
-
 }  // namespace trireme::plan
