@@ -394,6 +394,9 @@ int train_worker_main(const std::vector<std::string>& args) {
     memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
     memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
     double grad_norm = 0;
+    // The GPU must not update a parameter before the last snapshot's copy has read it.
+    if (snapshotter) snapshotter->before_update();
+    if (checkpointer) checkpointer->before_update();
     if (zero) {
       zero->attach_gradients();
       grad_norm = optim::clip_grad_norm(zero->parameters(), opt.clip, sharing);

@@ -165,11 +165,14 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
 
 }  // namespace
 
+void check_piece(const SavedPiece& piece) {
+  TRIREME_CHECK(piece.data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ",
+                piece.data.numel(), " elements for box ", describe(piece.box));
+}
+
 at::Tensor host_data(const SavedPiece& piece) {
-  at::Tensor data = piece.data.detach().to(at::kCPU).contiguous();
-  TRIREME_CHECK(data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ", data.numel(),
-                " elements for box ", describe(piece.box));
-  return data;
+  check_piece(piece);
+  return piece.data.detach().to(at::kCPU).contiguous();
 }
 
 std::vector<int64_t> checkpoint_steps(const std::string& root) {

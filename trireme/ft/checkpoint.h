@@ -53,8 +53,10 @@ struct SavedPiece {
   at::Tensor data;
 };
 
+// Throws InvalidArgument unless the piece's data has as many elements as its box.
+void check_piece(const SavedPiece& piece);
 // A piece's bytes as written: its data contiguous on the host (a copy only where it is
-// not already), checked against its box. Throws InvalidArgument on a mismatch.
+// not already), checked against its box (check_piece).
 at::Tensor host_data(const SavedPiece& piece);
 
 // Writes step `step` under `root`: every rank its pieces, in parallel, then rank 0 the

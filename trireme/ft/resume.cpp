@@ -2,6 +2,7 @@
 #include "trireme/ft/resume.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <algorithm>
 #include <climits>
@@ -65,13 +66,24 @@ at::Tensor read_local(const Checkpoint& c, const std::string& kind, const std::s
   return parts.size() == 1 ? parts[0] : at::cat(parts, shard.spec.dim);
 }
 
-// Restores this rank's generator from `c` when the same mesh wrote it.
+// The generators this rank's training draws from, by checkpoint name: the CPU's, and its
+// GPU's when the parameters live on one (dropout and initialisation there).
+std::vector<std::pair<std::string, at::Generator>> generators(const TrainingState& s) {
+  const std::string rank = "/rank" + std::to_string(s.world->rank());
+  std::vector<std::pair<std::string, at::Generator>> out{{"rng/cpu" + rank, at::detail::getDefaultCPUGenerator()}};
+  const at::Device device = s.parameters.empty() ? at::Device(at::kCPU) : s.parameters.front().second.device();
+  if (device.is_cuda()) out.emplace_back("rng/cuda" + rank, at::globalContext().defaultGenerator(device));
+  return out;
+}
+
+// Restores this rank's generators from `c` when the same mesh wrote it.
 void restore_generator(const TrainingState& s, const Checkpoint& c) {
-  const std::string rng = "rng/cpu/rank" + std::to_string(s.world->rank());
-  if (c.layout().mesh != s.layout.mesh || !c.has(rng)) return;
-  at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the default's state
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(c.read(rng, whole(c.shape(rng))));
+  if (c.layout().mesh != s.layout.mesh) return;
+  for (auto& [name, generator] : generators(s)) {  // each shares the default's state
+    if (!c.has(name)) continue;
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(c.read(name, whole(c.shape(name))));
+  }
 }
 
 // The whole-model name of one of this rank's parameters.
@@ -128,8 +140,11 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
       pieces.push_back({"zero/step/" + name, {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
     }
   }
-  at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  pieces.push_back({"rng/cpu/rank" + std::to_string(s.world->rank()), {rng.numel()}, whole({rng.numel()}), rng});
+  for (auto& [name, generator] : generators(s)) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    const at::Tensor rng = generator.get_state();  // a CPU byte tensor, also for a GPU's
+    pieces.push_back({name, {rng.numel()}, whole({rng.numel()}), rng});
+  }
   return pieces;
 }
 
@@ -548,9 +563,16 @@ int64_t Resumable::resume() {
 }
 
 void Resumable::step_done(int64_t steps_done) {
-  if (snapshotter_ && steps_done % snapshot_every_ == 0) take_snapshot(state_, *snapshotter_, steps_done);
-  if (checkpointer_ && steps_done % options_.checkpoint_every == 0)
+  // The program's next optimizer step is out of sight, so a GPU's compute stream waits for
+  // the copies at once (the host does not; ft/host_copy.h).
+  if (snapshotter_ && steps_done % snapshot_every_ == 0) {
+    take_snapshot(state_, *snapshotter_, steps_done);
+    snapshotter_->before_update();
+  }
+  if (checkpointer_ && steps_done % options_.checkpoint_every == 0) {
     save_checkpoint_async(state_, *checkpointer_, steps_done);
+    checkpointer_->before_update();
+  }
 }
 
 void Resumable::wait() {

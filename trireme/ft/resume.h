@@ -4,7 +4,8 @@
 //
 // Saved, by whole-model name: every parameter ("param/NAME"), AdamW's exp_avg and
 // exp_avg_sq ("exp_avg/NAME", "exp_avg_sq/NAME") and step ("step/NAME"), and each rank's
-// CPU generator state ("rng/cpu/rank<R>"). A sampler that is a function of the step
+// generator states: the CPU's ("rng/cpu/rank<R>") and, when its parameters are on a GPU,
+// that GPU's ("rng/cuda/rank<R>"). A sampler that is a function of the step
 // (data/sampler.h) and a learning-rate schedule of the step need nothing more.
 //
 // In a checkpoint each tensor-parallel rank writes the boxes of its shards (replicated

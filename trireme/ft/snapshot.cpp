@@ -43,14 +43,16 @@ double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& piece
     reuse = staging_[i].sizes() == pieces[i].data.sizes() && staging_[i].dtype() == pieces[i].data.dtype();
   if (!reuse) {
     staging_.clear();
-    for (const SavedPiece& p : pieces) staging_.push_back(at::empty(p.data.sizes(), p.data.options().device(at::kCPU)));
+    for (const SavedPiece& p : pieces)  // page-locked where the copy comes from a GPU
+      staging_.push_back(at::empty(p.data.sizes(), p.data.options().device(at::kCPU).pinned_memory(p.data.is_cuda())));
   }
   std::vector<SavedPiece> copies;
   copies.reserve(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    staging_[i].copy_(pieces[i].data.detach());
+    copies_.copy(staging_[i], pieces[i].data);
     copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
   }
+  copies_.finish();
   submit(step, std::move(copies));
   return obs::now_us() - start;
 }
@@ -91,6 +93,7 @@ void BackgroundWriter::run(bool idle_priority) {
     }
     std::string failure;
     try {
+      copies_.wait_host();
       write_(job.first, job.second);
     } catch (const std::exception& e) {
       failure = std::string("background write of step ") + std::to_string(job.first) + " failed: " + e.what();
@@ -119,6 +122,7 @@ Snapshotter::~Snapshotter() {
 }
 
 void Snapshotter::release(Slot& slot) {
+  if (slot.pinned) unpin_host_memory(slot.base);
   if (slot.base) ::munmap(slot.base, slot.bytes);
   slot = Slot{};
 }
@@ -167,24 +171,26 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
 double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   const double start = obs::now_us();
   wait();  // the previous snapshot is complete before the slot of the one before is reused
-  std::vector<at::Tensor> sources;  // contiguous CPU views (copies only where they must be)
   size_t bytes = shard_magic().size();
+  bool on_device = false;
   for (const SavedPiece& piece : pieces) {
-    sources.push_back(host_data(piece));
-    bytes += sources.back().nbytes();
+    check_piece(piece);
+    bytes += piece.data.nbytes();
+    on_device = on_device || !piece.data.device().is_cpu();
   }
   fs::create_directories(dir_);
   Slot& slot = claim(step, bytes);
+  if (on_device && !slot.pinned) slot.pinned = pin_host_memory(slot.base, slot.bytes);  // once per slot
   std::vector<SavedPiece> in_slot;  // the same pieces, as views of the slot
   in_slot.reserve(pieces.size());
   uint64_t offset = shard_magic().size();
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const size_t n = sources[i].nbytes();
-    std::memcpy(slot.base + offset, sources[i].data_ptr(), n);
-    in_slot.push_back({pieces[i].name, pieces[i].shape, pieces[i].box,
-                       at::from_blob(slot.base + offset, sources[i].sizes(), sources[i].options())});
-    offset += n;
+  for (const SavedPiece& piece : pieces) {
+    at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
+    copies_.copy(view, piece.data);
+    in_slot.push_back({piece.name, piece.shape, piece.box, std::move(view)});
+    offset += piece.data.nbytes();
   }
+  copies_.finish();
   submit(step, std::move(in_slot));
   return obs::now_us() - start;
 }

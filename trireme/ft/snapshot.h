@@ -22,8 +22,14 @@
 // rather than taking the core from training; until its manifest is written a snapshot is
 // incomplete and the previous one serves.
 //
-// BackgroundWriter alone is for disk checkpoints: copy on the caller's thread, write (and
-// fsync) on its own thread.
+// State on a CUDA device is copied on a side stream (ft/host_copy.h) into slots that are
+// page-locked once: take() queues the copies and returns without waiting for them, the
+// writer thread waits for them before its checksums, and the training loop calls
+// before_update() before its next optimizer step, so that the GPU does not change a
+// parameter before its copy has read it.
+//
+// BackgroundWriter alone is for disk checkpoints: copy on the caller's thread (CUDA: into
+// pinned buffers, on the side stream), write (and fsync) on its own thread.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +44,7 @@
 #include <vector>
 
 #include "trireme/ft/checkpoint.h"
+#include "trireme/ft/host_copy.h"
 
 namespace trireme::ft {
 
@@ -55,12 +62,18 @@ class BackgroundWriter {
 
   // Copies `pieces` into host buffers kept from the last take and queues write(step,
   // copies). Returns the microseconds the caller was held (waiting for the previous
-  // write plus the copy).
+  // write plus the copy; CUDA state: plus queueing its copies).
   virtual double take(int64_t step, const std::vector<SavedPiece>& pieces);
+  // Call before anything changes the state last taken (the next optimizer step): the
+  // device's compute stream waits for the copies of it still in flight. Costs nothing for
+  // CPU state, and never waits on the host.
+  void before_update() { copies_.fence_device(); }
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
  protected:
+  HostCopy copies_;  // the last take's copies; the writer thread waits for them first
+
   void submit(int64_t step, std::vector<SavedPiece> pieces);
   void drain() noexcept;  // waits for the write in flight, ignoring failures
 
@@ -109,6 +122,7 @@ class Snapshotter : public BackgroundWriter {
     std::string dir;  // DIR/<step> it holds now
     unsigned char* base = nullptr;
     size_t bytes = 0;
+    bool pinned = false;  // page-locked for device-to-host copies
   };
   Slot& claim(int64_t step, size_t bytes);
   static void release(Slot& slot);

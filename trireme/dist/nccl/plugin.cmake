@@ -1,4 +1,5 @@
-# libtrireme_nccl.so: the NCCL backend, built when the CUDA toolkit (headers, nccl.h) and
+# libtrireme_nccl.so: the NCCL backend and page-locking of snapshot memory (the CUDA
+# runtime's host registration), built when the CUDA toolkit (headers, nccl.h) and
 # the wheel's CUDA libraries (libtorch_cuda, libc10_cuda) are present. Nothing here runs
 # on a machine without a GPU; it is compiled so the CUDA path keeps building.
 if(NOT TRIREME_WITH_NCCL)
@@ -11,7 +12,7 @@ if(NOT CUDAToolkit_FOUND OR NOT TRIREME_NCCL_INCLUDE
   message(STATUS "trireme: NCCL plugin not built (needs CUDA toolkit, nccl.h, libtorch_cuda)")
   return()
 endif()
-add_library(trireme_nccl SHARED trireme/dist/nccl/backend.cpp)
+add_library(trireme_nccl SHARED trireme/dist/nccl/backend.cpp trireme/dist/nccl/host_memory.cpp)
 target_compile_definitions(trireme_nccl PRIVATE USE_C10D_NCCL USE_CUDA)
 target_include_directories(trireme_nccl PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${TRIREME_NCCL_INCLUDE})
 # Link without resolving CUDA's own libraries here: at run time they come from the

@@ -1,0 +1,61 @@
+// Copies of training state into host memory that keep the training thread (and, for CUDA
+// tensors, the GPU's compute stream) waiting as little as possible.
+//
+// CPU tensors are copied at once, on the calling thread. CUDA tensors are copied on a
+// side stream of their device: the side stream first waits for what the compute stream
+// has queued so far (the optimizer step that wrote the parameters), then the copies run
+// on the copy engine while the compute stream goes on with the next forward and
+// backward. Nothing waits on the host. Two waits remain, each where it must be:
+//   - fence_device(): the compute stream waits for the copies before anything changes
+//     their sources (call it before the next optimizer step; it costs the GPU nothing when
+//     the copies are done, and the host never);
+//   - wait_host(): the thread that reads the host copies (checksums, disk writes) blocks
+//     until they have landed.
+// A device-to-host copy only runs asynchronously into page-locked memory: pin_host_memory
+// page-locks a region the caller owns (the snapshot slots in shared memory) through the
+// CUDA plugin (dist/nccl), and copies into pageable memory stay correct but synchronous.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+namespace trireme::ft {
+
+class HostCopy {
+ public:
+  HostCopy() = default;
+  HostCopy(const HostCopy&) = delete;
+  HostCopy& operator=(const HostCopy&) = delete;
+
+  // Copies `src` (any device; any strides) into `dst`, a host tensor of the same shape and
+  // dtype. CPU: done on return. CUDA: queued, done after wait_host().
+  void copy(const at::Tensor& dst, const at::Tensor& src);
+  // Ends a batch of copies: the point that fence_device() and wait_host() wait for.
+  void finish();
+  // The current stream of the copies' device waits for them (no host wait). No-op when
+  // nothing was queued.
+  void fence_device();
+  // Blocks the calling thread until every queued copy is in host memory, then lets go of
+  // their sources. Any thread, but not while another calls copy().
+  void wait_host();
+
+ private:
+  std::optional<c10::Stream> side_;     // the copies' stream, on the first CUDA source's device
+  std::optional<c10::Stream> compute_;  // the stream that was current when the batch began
+  std::optional<c10::Event> done_;      // recorded on side_ by finish()
+  bool began_ = false;                // this batch has joined the compute stream
+  bool recorded_ = false;             // done_ marks the batch now in flight
+  std::vector<at::Tensor> in_flight_;  // sources kept alive until their copies land
+};
+
+// Page-locks [base, base + bytes) for asynchronous device-to-host copies, when the CUDA
+// plugin is loaded (a CUDA run). Returns whether it did. Unpin before unmapping.
+bool pin_host_memory(void* base, size_t bytes);
+void unpin_host_memory(void* base);
+
+}  // namespace trireme::ft
