@@ -8,7 +8,9 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
   difference is printed); it resumed from memory although checkpoints exist (none was
   read), and the survivors rebuilt the lost machine's snapshot from parity;
 - ZeRO-1, the same kill: the lost machine's third of the optimizer state exists only as
-  parity; the survivors rebuild it and resume from memory at that step;
+  parity; the survivors rebuild it and resume from memory at that step; also with pp=2 and
+  with tp=2 (2 workers per machine), where each stage's or shard's state is re-sharded
+  over its new, smaller data-parallel group;
 - the same, then a replacement machine joins under the lost one's --node-rank: the job
   grows back to 3 machines;
 - SIGTERM to one machine's agent (a preemption notice): it leaves within its grace period,
@@ -103,10 +105,10 @@ class Elastic(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def reference(self, extra=()):
+    def reference(self, extra=(), nproc=1):
         out = os.path.join(self.dir, "reference")
         port = free_port()
-        agents = [self.start(n, port, out, extra) for n in range(3)]
+        agents = [self.start(n, port, out, extra, nproc=nproc) for n in range(3)]
         for a in agents:
             _, err = a.communicate(timeout=300)
             self.assertEqual(a.returncode, 0, err[-3000:])
@@ -232,6 +234,36 @@ class Elastic(unittest.TestCase):
         self.assertIn(f"resumed at step {rebuilt} from memory", errs[0])
         self.assertNotIn("checkpoint", both)
         self.check_curve(out, ref, f"ZeRO-1, one machine killed, its optimizer state rebuilt from parity (step {rebuilt})")
+
+    def check_zero_resharded_with(self, layout):
+        # 2 workers per machine: dp=3 with pp=2 (or tp=2), ZeRO-1. After the kill, dp=2:
+        # each stage's (or tensor-parallel shard's) optimizer state is re-sharded over its
+        # new data-parallel group from the old ranks' pieces, wherever they are in memory
+        # (the lost machine's rebuilt from parity), not only from the group's own nodes.
+        extra = ["--zero", "1"] + layout
+        ref = self.reference(extra, nproc=2)
+        out = os.path.join(self.dir, "run")
+        port = free_port()
+        agents = [self.start(n, port, out, extra + ["--redundancy", "2+1"], nproc=2) for n in range(3)]
+        self.wait_for_step(out, 12, agents)
+        self.wait_for_protection(agents)
+        self.kill_machine(agents[2], 2)
+        errs = self.finish(agents, [0, 1])
+        both = errs[0] + errs[1]
+        self.assertIn("going on with nodes 0,1", both)
+        self.assertIn("rebuilt the snapshot of step", both)
+        rebuilt = int(both.split("rebuilt the snapshot of step ")[1].split()[0])
+        self.assertIn(f"resumed at step {rebuilt} from memory", errs[0])
+        self.assertNotIn("checkpoint", both)
+        self.check_curve(out, ref, f"ZeRO-1 {' '.join(layout)}, dp 3 -> 2, one machine killed, optimizer state "
+                         f"re-sharded from memory (step {rebuilt})")
+        self.assertEqual(workers_alive(self.marker), [])
+
+    def test_zero_resharded_under_pipeline(self):
+        self.check_zero_resharded_with(["--pp", "2"])
+
+    def test_zero_resharded_under_tensor_parallelism(self):
+        self.check_zero_resharded_with(["--tp", "2"])
 
     def test_node_zero_may_be_lost_with_a_store_of_its_own(self):
         store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)

@@ -64,9 +64,6 @@ int train_main(const std::vector<std::string>& args) {
     TRIREME_CHECK(opt.plan.empty(), "--plan fixes the layout for one size; an elastic job (--nnodes MIN:MAX) "
                   "chooses dp per generation: drop --plan or give --nnodes N");
     TRIREME_CHECK(opt.dp == 0, "--dp is chosen per generation in an elastic job (--nnodes MIN:MAX); drop --dp");
-    TRIREME_CHECK(opt.zero == 0 || (opt.tp == 1 && opt.pp == 1),
-                  "--zero with --nnodes MIN:MAX re-shards the optimizer state over the ranks present only under "
-                  "pure data parallelism; drop --tp/--pp or --zero");
     for (int nodes = launch::min_nodes(launch_options); nodes < launch_options.nnodes; ++nodes) {
       TrainOptions at = opt;
       try {

@@ -349,6 +349,13 @@ std::vector<int64_t> Checkpoint::shape(const std::string& name) const {
   return it->second.shape;
 }
 
+std::vector<std::string> Checkpoint::names(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (auto it = tensors_.lower_bound(prefix); it != tensors_.end() && it->first.rfind(prefix, 0) == 0; ++it)
+    out.push_back(it->first);
+  return out;
+}
+
 std::vector<Box> Checkpoint::boxes(const std::string& name) const {
   std::vector<Box> out;
   auto it = tensors_.find(name);

@@ -104,6 +104,8 @@ class Checkpoint {
   const CheckpointLayout& layout() const { return layout_; }
   bool has(const std::string& name) const { return tensors_.count(name) > 0; }
   std::vector<int64_t> shape(const std::string& name) const;
+  // The names of the tensors that start with `prefix`, in order.
+  std::vector<std::string> names(const std::string& prefix) const;
   // The boxes of tensor `name` that the slices hold (empty when there is no such tensor).
   std::vector<Box> boxes(const std::string& name) const;
   // Whether the slices of tensor `name` cover box `want` (from the manifest; no data read).

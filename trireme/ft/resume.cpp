@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include "trireme/common/error.h"
 
@@ -93,6 +95,13 @@ std::string name_of(const TrainingState& s, const at::Tensor& param) {
   TRIREME_THROW(InvalidArgument, "a ZeRO parameter that is not among the training state's parameters");
 }
 
+// The key of a parameter's ZeRO state in a snapshot: its whole-model name and, under
+// tensor parallelism, the tensor-parallel rank (the flattened parameter is that rank's
+// shard, so the shards of one name differ in content).
+std::string zero_key(const TrainingState& s, const std::string& name) {
+  return s.tp > 1 ? name + "#tp" + std::to_string(s.tp_rank) : name;
+}
+
 // This rank's part of the training state as boxes of whole-model tensors. For a shared
 // checkpoint (`everything` false) the work is split: replicated tensors come from
 // tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
@@ -124,7 +133,7 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
       pieces.push_back({"step/" + name, {1}, whole({1}), at::full({1}, state->second.step, at::kLong)});
   }
   if (own_pieces) {
-    // Each piece as a box of its flattened (rank-local) parameter: zero/exp_avg/NAME, of
+    // Each piece as a box of its flattened (rank-local) parameter: zero/exp_avg/KEY, of
     // shape {numel}; readable under another data-parallel size (load_from_memory).
     const auto states = s.zero->piece_states();
     const auto spans = s.zero->piece_spans();
@@ -133,11 +142,11 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
     for (size_t i = 0; i < states.size(); ++i) {
       if (states[i].step == 0) continue;
       const at::Tensor& param = params[spans[i].param];
-      const std::string name = name_of(s, param);
+      const std::string key = zero_key(s, name_of(s, param));
       const Box box{{spans[i].offset}, {spans[i].length}};
-      pieces.push_back({"zero/exp_avg/" + name, {param.numel()}, box, states[i].exp_avg.reshape(-1)});
-      pieces.push_back({"zero/exp_avg_sq/" + name, {param.numel()}, box, states[i].exp_avg_sq.reshape(-1)});
-      pieces.push_back({"zero/step/" + name, {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
+      pieces.push_back({"zero/exp_avg/" + key, {param.numel()}, box, states[i].exp_avg.reshape(-1)});
+      pieces.push_back({"zero/exp_avg_sq/" + key, {param.numel()}, box, states[i].exp_avg_sq.reshape(-1)});
+      pieces.push_back({"zero/step/" + key, {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
     }
   }
   for (auto& [name, generator] : generators(s)) {
@@ -172,11 +181,11 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
     const auto& params = s.zero->data_parallel().parameters();
     std::vector<parallel::ZeroOptimizer::ParamState> states(spans.size());
     for (size_t i = 0; i < spans.size(); ++i) {
-      const std::string name = name_of(s, params[spans[i].param]);
-      if (!checkpoint.has("zero/step/" + name)) continue;
+      const std::string key = zero_key(s, name_of(s, params[spans[i].param]));
+      if (!checkpoint.has("zero/step/" + key)) continue;
       const Box box{{spans[i].offset}, {spans[i].length}};
-      states[i] = {checkpoint.read("zero/step/" + name, whole({1})).item<int64_t>(),
-                   checkpoint.read("zero/exp_avg/" + name, box), checkpoint.read("zero/exp_avg_sq/" + name, box)};
+      states[i] = {checkpoint.read("zero/step/" + key, whole({1})).item<int64_t>(),
+                   checkpoint.read("zero/exp_avg/" + key, box), checkpoint.read("zero/exp_avg_sq/" + key, box)};
     }
     s.zero->load_piece_states(states);
   } else if (s.zero) {
@@ -356,53 +365,82 @@ std::vector<int64_t> zero_piece_owners(const TrainingState& s, const std::vector
   return std::vector<int64_t>(result.data_ptr<int64_t>(), result.data_ptr<int64_t>() + writers);
 }
 
+// Writer `writer`'s ZeRO pieces from its snapshot `c`, for a broadcast: one line per piece,
+// "KEY START LENGTH STEP", and the values, each piece's exp_avg then its exp_avg_sq.
+std::pair<std::string, at::Tensor> zero_pieces_of(const Checkpoint& c) {
+  const std::string prefix = "zero/exp_avg/";
+  std::string header;
+  std::vector<at::Tensor> values;
+  for (const std::string& tensor : c.names(prefix)) {
+    const std::string key = tensor.substr(prefix.size());
+    const int64_t step = c.read("zero/step/" + key, whole({1})).item<int64_t>();
+    for (const Box& box : c.boxes(tensor)) {
+      header += key + " " + std::to_string(box.start[0]) + " " + std::to_string(box.size[0]) + " " +
+                std::to_string(step) + "\n";
+      values.push_back(c.read(tensor, box));
+      values.push_back(c.read("zero/exp_avg_sq/" + key, box));
+    }
+  }
+  return {header, values.empty() ? at::empty({0}) : at::cat(values)};
+}
+
 // Every parameter's AdamW state (aligned with the ZeRO data-parallel module's parameters),
-// assembled from the old ranks' pieces: each rank fills in the pieces of the snapshots it
-// owns (zero_piece_owners), zeros elsewhere, and one all-reduce sums them, since the
-// pieces of one layout never overlap. A collective over the world.
+// assembled from the old ranks' pieces under any layout that keeps tp and pp: each old
+// rank's pieces are broadcast over the world by the rank that owns its snapshot
+// (zero_piece_owners), and the ranks whose parameters they belong to (same stage, same
+// tensor-parallel rank) copy them in. The pieces of one layout never overlap, so each
+// element is written once, bit for bit. A collective over the world.
 std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vector<Checkpoint>& opened,
                                          const std::vector<int64_t>& owner) {
   const auto& params = s.zero->data_parallel().parameters();
-  std::vector<std::string> names;
-  int64_t total = 0;
-  for (const at::Tensor& p : params) {
-    names.push_back(name_of(s, p));
-    total += p.numel();
-  }
-  // exp_avg of every parameter, then exp_avg_sq of every parameter, flattened
-  at::Tensor moments = at::zeros({2 * total}, at::TensorOptions(params.front().scalar_type()));
-  at::Tensor steps = at::zeros({static_cast<int64_t>(params.size())}, at::kLong);
-  std::vector<bool> done(owner.size(), false);
-  for (const Checkpoint& c : opened) {
-    const int r = c.layout().rank;
-    if (!c.has("zero/pieces") || r < 0 || r >= static_cast<int>(owner.size()) || done[r] ||
-        owner[r] != s.world->rank())
-      continue;
-    done[r] = true;
-    int64_t offset = 0;
-    for (size_t p = 0; p < params.size(); ++p) {
-      if (c.has("zero/step/" + names[p]))
-        steps[static_cast<int64_t>(p)] = c.read("zero/step/" + names[p], whole({1})).item<int64_t>();
-      for (const Box& box : c.boxes("zero/exp_avg/" + names[p])) {
-        moments.narrow(0, offset + box.start[0], box.size[0]).copy_(c.read("zero/exp_avg/" + names[p], box));
-        moments.narrow(0, total + offset + box.start[0], box.size[0])
-            .copy_(c.read("zero/exp_avg_sq/" + names[p], box));
-      }
-      offset += params[p].numel();
-    }
-  }
-  const at::Tensor gathered =
-      reduce_over(s, s.world->group(), moments, c10d::ReduceOp::SUM, "optimizer state gather");
-  const at::Tensor step = reduce_over(s, s.world->group(), steps, c10d::ReduceOp::MAX, "optimizer state gather").cpu();
+  std::map<std::string, size_t> index;  // ZeRO key -> position among params
+  for (size_t p = 0; p < params.size(); ++p) index[zero_key(s, name_of(s, params[p]))] = p;
+  const at::Device device = params.front().device();
+  const dist::Group& world = s.world->group();
   std::vector<Optimizer> states(params.size());
-  int64_t offset = 0;
-  for (size_t p = 0; p < params.size(); ++p) {
-    const int64_t n = params[p].numel();
-    const int64_t k = step[static_cast<int64_t>(p)].item<int64_t>();
-    if (k > 0)
-      states[p] = {k, gathered.narrow(0, offset, n).view(params[p].sizes()).clone(),
-                   gathered.narrow(0, total + offset, n).view(params[p].sizes()).clone()};
-    offset += n;
+  for (size_t r = 0; r < owner.size(); ++r) {
+    const int root = static_cast<int>(owner[r]);
+    std::pair<std::string, at::Tensor> sent;
+    if (root == s.world->rank())
+      for (const Checkpoint& c : opened)
+        if (c.has("zero/pieces") && c.layout().rank == static_cast<int>(r)) {
+          sent = zero_pieces_of(c);
+          break;
+        }
+    c10d::BroadcastOptions from;
+    from.rootRank = root;
+    const auto broadcast = [&](at::Tensor t) {
+      std::vector<at::Tensor> one{t};
+      dist::run_collective("optimizer state gather", [&] { return world->broadcast(one, from); });
+      return one[0];
+    };
+    const at::Tensor sizes =
+        broadcast(at::tensor({static_cast<int64_t>(sent.first.size()), sent.second.numel()}, at::kLong).to(device))
+            .cpu();
+    const int64_t header_bytes = sizes[0].item<int64_t>(), count = sizes[1].item<int64_t>();
+    if (header_bytes == 0) continue;  // a writer before its first step: no state yet
+    at::Tensor header = at::empty({header_bytes}, at::kByte);
+    if (root == s.world->rank()) std::memcpy(header.data_ptr(), sent.first.data(), sent.first.size());
+    header = broadcast(header.to(device)).cpu();
+    const at::Tensor values =
+        broadcast(root == s.world->rank() ? sent.second.to(device)
+                                          : at::empty({count}, at::TensorOptions(params.front().scalar_type()).device(device)));
+    std::istringstream lines(std::string(static_cast<const char*>(header.data_ptr()), static_cast<size_t>(header_bytes)));
+    std::string key;
+    int64_t start = 0, length = 0, step = 0, at = 0;
+    while (lines >> key >> start >> length >> step) {
+      auto it = index.find(key);
+      if (it != index.end()) {
+        Optimizer& state = states[it->second];
+        if (state.step == 0) {
+          const at::Tensor& param = params[it->second];
+          state = {step, at::zeros_like(param.detach()), at::zeros_like(param.detach())};
+        }
+        state.exp_avg.view(-1).narrow(0, start, length).copy_(values.narrow(0, at, length));
+        state.exp_avg_sq.view(-1).narrow(0, start, length).copy_(values.narrow(0, at + length, length));
+      }
+      at += 2 * length;
+    }
   }
   return states;
 }
@@ -412,8 +450,6 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
 int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
   const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
   TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
-  TRIREME_CHECK(!s.zero || s.dp == s.world->size(), "resuming ZeRO's sharded optimizer state in another layout "
-                                                    "from memory needs pure data parallelism (no --tp, --pp)");
   const std::vector<Source> sources = memory_sources(area, s.world->rank());
   // The newest step at which every data-parallel group has a rank whose node holds all of
   // its state: candidates from the newest down, agreed over the world.

@@ -84,10 +84,11 @@ int64_t load_snapshot(const TrainingState& state, const std::string& dir);
 // those rebuilt from parity after a machine was lost; launch/snapshot_keeper.h). Each
 // rank reads the boxes its shards need from the sources that hold them, its own rank's
 // first; a rank whose node holds none gets its state from a replica in its data-parallel
-// group that found all of it (a broadcast). Under ZeRO (pure data parallelism only) every
-// old rank's pieces of the optimizer state must be in some node's memory (its own, or
-// rebuilt from parity): each is read by one rank and one all-reduce assembles the whole
-// state, which the new layout's pieces then take. The generator state is restored where
+// group that found all of it (a broadcast). Under ZeRO (any layout that keeps tp and pp)
+// every old rank's pieces of the optimizer state must be in some node's memory (its own,
+// or rebuilt from parity): each old rank's pieces are read by one rank and broadcast, the
+// ranks of the same stage and tensor-parallel rank assemble their parameters' whole state
+// from them, and the new layout's pieces then take theirs. The generator state is restored where
 // this rank's own snapshot of the same mesh is found.
 // A collective. `from` names what served, for the log.
 int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from);
