@@ -1,7 +1,7 @@
 // HostCopy (ft/host_copy.h): host copies of training state. On the CPU a copy is done when
 // copy() returns; on a GPU (tests that skip without one) the copies run on a side stream
-// that starts after the compute stream's queued work, and fence_device() keeps the compute
-// stream from overwriting a source before its copy has read it.
+// that starts after the compute stream's queued work, and settle() keeps the next write
+// from overwriting a source before its copy has read it.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -29,7 +29,7 @@ TEST(HostCopy, CpuSourcesAreCopiedWhenCopyReturns) {
   EXPECT_TRUE(at::equal(a, contiguous));  // before finish() or any wait
   EXPECT_TRUE(at::equal(b, transposed));
   copies.finish();
-  copies.fence_device();  // nothing queued on a device: no-ops
+  EXPECT_EQ(copies.settle(), 0.0);  // nothing queued on a device: no waits
   copies.wait_host();
 }
 
@@ -41,6 +41,11 @@ TEST(HostCopy, RefusesADestinationOfAnotherShapeOrType) {
   EXPECT_THROW(copies.copy(wrong_type, source), InvalidArgument);
   EXPECT_EQ(wrong_shape.sum().item<float>(), 0.0f);  // left as it was
   EXPECT_EQ(wrong_type.sum().item<double>(), 0.0);
+  copies.abandon();  // what a caller does after a failed copy(): the batch ends cleanly
+  at::Tensor right = at::zeros({2, 3});
+  copies.copy(right, source);
+  copies.finish();
+  EXPECT_TRUE(at::equal(right, source));
 }
 
 TEST(HostCopy, PinningNeedsTheCudaPlugin) {
@@ -68,7 +73,7 @@ bool have_gpu() {
 
 }  // namespace
 
-TEST(HostCopy, GpuCopiesFollowTheComputeStreamAndFenceItsNextWrites) {
+TEST(HostCopy, GpuCopiesFollowTheComputeStreamAndSettleBeforeTheNextWrite) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const at::Device gpu(at::kCUDA, 0);
   at::Tensor param = at::zeros({1024, 1024}, at::TensorOptions(gpu));
@@ -81,8 +86,8 @@ TEST(HostCopy, GpuCopiesFollowTheComputeStreamAndFenceItsNextWrites) {
   HostCopy copies;
   copies.copy(host, param);
   copies.finish();
-  copies.fence_device();
-  param.fill_(-1.0);  // the next "optimizer step": after the copy, by the fence
+  EXPECT_GE(copies.settle(), 0.0);
+  param.fill_(-1.0);  // the next "optimizer step": after the copy, by settle()
   copies.wait_host();
   EXPECT_TRUE(at::all(host == 50.0).item<bool>()) << "the copy saw another version than the 50th";
   EXPECT_TRUE(at::all(param.cpu() == -1.0).item<bool>());

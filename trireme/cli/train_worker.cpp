@@ -388,15 +388,16 @@ int train_worker_main(const std::vector<std::string>& args) {
     const parallel::StepCommStats& comm = engine->comm();
     if (tracing) record_comm(timeline, clock, comm);
 
+    // No parameter may change before the last snapshot's copy (on a GPU's side stream) has
+    // read it: a wait here, if the copy is still running, is part of the snapshot's stall.
+    if (snapshotter) times.snapshot_us += snapshotter->before_update();
+    if (checkpointer) times.checkpoint_us += checkpointer->before_update();
     const double o0 = obs::now_us();
     const double cpu0 = obs::thread_cpu_us();  // the emulated slowdown's measure (no waits)
     const int64_t buffers = engine->data_parallel().buffer_bytes();
     memory.gradients = std::max(memory.gradients, bytes_of(engine->parameters(), true) + (opt.zero == 2 ? buffers : 0));
     memory.comm_buffers = std::max(memory.comm_buffers, opt.zero == 2 ? 0 : buffers);
     double grad_norm = 0;
-    // The GPU must not update a parameter before the last snapshot's copy has read it.
-    if (snapshotter) snapshotter->before_update();
-    if (checkpointer) checkpointer->before_update();
     if (zero) {
       zero->attach_gradients();
       grad_norm = optim::clip_grad_norm(zero->parameters(), opt.clip, sharing);
@@ -440,9 +441,9 @@ int train_worker_main(const std::vector<std::string>& args) {
     // The first snapshots of a process also create its slots: not what later ones cost.
     const bool slots_ready = snapshotter && snapshotter->slots_ready();
     if (snapshotter && (step + 1) % snapshot_every == 0)
-      times.snapshot_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
+      times.snapshot_us += ft::take_snapshot(train_state, *snapshotter, step + 1);
     if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
-      times.checkpoint_us = ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
+      times.checkpoint_us += ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
     // Overhead: the stall spread over the steps of one snapshot interval.
     if (times.snapshot_us > 0 && slots_ready)

@@ -2,6 +2,7 @@
 // events: no CUDA header here, and nothing CUDA runs unless a source is a CUDA tensor.
 #include "trireme/ft/host_copy.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 
 #include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
 
 namespace trireme::ft {
 
@@ -25,22 +27,21 @@ void HostCopy::copy(const at::Tensor& dst, const at::Tensor& src) {
     return;
   }
   TRIREME_CHECK(source.is_cuda(), "host copy: tensors on ", source.device(), " are not supported; use cpu or cuda");
-  const c10::impl::VirtualGuardImpl guard_impl(source.device().type());
+  TRIREME_CHECK(!began_ || source.device() == side_->device(), "host copy: sources on ", side_->device(), " and ",
+                source.device(), " in one batch; snapshot one device's state per process");
   if (!began_) {
     // The side stream starts where the compute stream is now: after the writes of the
     // optimizer step whose result is being copied.
+    const c10::impl::VirtualGuardImpl guard_impl(source.device().type());
     if (!side_ || side_->device() != source.device()) {
       side_ = guard_impl.getStreamFromGlobalPool(source.device());
       done_.emplace(source.device().type());
     }
-    compute_ = guard_impl.getStream(source.device());
     c10::Event joined(source.device().type());
-    joined.record(*compute_);
+    joined.record(guard_impl.getStream(source.device()));
     joined.block(*side_);
     began_ = true;
   }
-  TRIREME_CHECK(source.device() == side_->device(), "host copy: sources on ", side_->device(), " and ",
-                source.device(), " in one batch; snapshot one device's state per process");
   const c10::StreamGuard on_side(*side_);
   dst.copy_(source, /*non_blocking=*/true);
   in_flight_.push_back(source);  // a temporary source must outlive its copy
@@ -53,12 +54,27 @@ void HostCopy::finish() {
   began_ = false;
 }
 
-void HostCopy::fence_device() {
-  if (recorded_ && compute_) done_->block(*compute_);
+void HostCopy::abandon() noexcept {
+  try {
+    finish();
+    wait_host();
+  } catch (...) {
+    // The device failed too; nothing more can be waited for.
+  }
+  in_flight_.clear();
+}
+
+double HostCopy::settle() {
+  if (!recorded_ || done_->query()) return 0;
+  const double start = obs::now_us();
+  done_->synchronize();
+  return obs::now_us() - start;
 }
 
 void HostCopy::wait_host() {
   if (!recorded_) return;
+  // On the copies' device: a thread that never chose one would otherwise be on GPU 0.
+  const c10::DeviceGuard on_device(side_->device());
   done_->synchronize();
   in_flight_.clear();
 }

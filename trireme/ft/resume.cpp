@@ -349,17 +349,23 @@ namespace {
 
 constexpr int64_t kNone = INT64_MAX;
 
+// Whether `c` holds ZeRO pieces this rank can take: written under the same tp and pp
+// (their keys and flattened shards are those of this layout's stages and shards).
+bool zero_source(const TrainingState& s, const Checkpoint& c) {
+  return c.has("zero/pieces") && c.layout().tp == s.tp && c.layout().pp == s.layout.pp;
+}
+
 // For each rank of the layout that wrote the ZeRO snapshots in `opened` (all of one step),
 // the lowest rank of this world whose node holds that rank's snapshot, or kNone. A
 // collective over the world.
 std::vector<int64_t> zero_piece_owners(const TrainingState& s, const std::vector<Checkpoint>& opened) {
   int64_t writers = 0;
   for (const Checkpoint& c : opened)
-    if (c.has("zero/pieces")) writers = std::max<int64_t>(writers, c.layout().dp * c.layout().tp * c.layout().pp);
+    if (zero_source(s, c)) writers = std::max<int64_t>(writers, c.layout().dp * c.layout().tp * c.layout().pp);
   writers = reduce_over(s, s.world->group(), writers, c10d::ReduceOp::MAX);
   at::Tensor owner = at::full({std::max<int64_t>(writers, 1)}, kNone, at::kLong);
   for (const Checkpoint& c : opened)
-    if (c.has("zero/pieces") && c.layout().rank >= 0 && c.layout().rank < writers)
+    if (zero_source(s, c) && c.layout().rank >= 0 && c.layout().rank < writers)
       owner[c.layout().rank] = static_cast<int64_t>(s.world->rank());
   const at::Tensor result = reduce_over(s, s.world->group(), owner, c10d::ReduceOp::MIN).cpu();
   return std::vector<int64_t>(result.data_ptr<int64_t>(), result.data_ptr<int64_t>() + writers);
@@ -389,22 +395,25 @@ std::pair<std::string, at::Tensor> zero_pieces_of(const Checkpoint& c) {
 // rank's pieces are broadcast over the world by the rank that owns its snapshot
 // (zero_piece_owners), and the ranks whose parameters they belong to (same stage, same
 // tensor-parallel rank) copy them in. The pieces of one layout never overlap, so each
-// element is written once, bit for bit. A collective over the world.
+// element is written once, bit for bit. *complete: whether every parameter that received
+// a piece received all of its elements. A collective over the world.
 std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vector<Checkpoint>& opened,
-                                         const std::vector<int64_t>& owner) {
+                                         const std::vector<int64_t>& owner, bool* complete) {
   const auto& params = s.zero->data_parallel().parameters();
   std::map<std::string, size_t> index;  // ZeRO key -> position among params
   for (size_t p = 0; p < params.size(); ++p) index[zero_key(s, name_of(s, params[p]))] = p;
   const at::Device device = params.front().device();
   const dist::Group& world = s.world->group();
   std::vector<Optimizer> states(params.size());
+  std::vector<int64_t> filled(params.size(), 0);  // elements written, per parameter
   for (size_t r = 0; r < owner.size(); ++r) {
     const int root = static_cast<int>(owner[r]);
     std::pair<std::string, at::Tensor> sent;
     if (root == s.world->rank())
       for (const Checkpoint& c : opened)
-        if (c.has("zero/pieces") && c.layout().rank == static_cast<int>(r)) {
+        if (zero_source(s, c) && c.layout().rank == static_cast<int>(r)) {
           sent = zero_pieces_of(c);
+          sent.second = sent.second.to(params.front().scalar_type());  // what the others expect
           break;
         }
     c10d::BroadcastOptions from;
@@ -438,10 +447,14 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
         }
         state.exp_avg.view(-1).narrow(0, start, length).copy_(values.narrow(0, at, length));
         state.exp_avg_sq.view(-1).narrow(0, start, length).copy_(values.narrow(0, at + length, length));
+        filled[it->second] += length;
       }
       at += 2 * length;
     }
   }
+  *complete = true;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (filled[p] != 0 && filled[p] != params[p].numel()) *complete = false;
   return states;
 }
 
@@ -521,7 +534,13 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
       }
     }
     if (s.zero) {
-      s.zero->load_state(gather_zero_state(s, opened, owner));
+      bool complete = false;
+      std::vector<Optimizer> zero_states = gather_zero_state(s, opened, owner, &complete);
+      if (world_min(s, complete ? 1 : 0) == 0) {  // pieces of mixed layouts: an older step
+        bound = step - 1;
+        continue;
+      }
+      s.zero->load_state(zero_states);
     } else {
       for (size_t p = 0; p < s.parameters.size(); ++p)
         parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
@@ -599,8 +618,8 @@ int64_t Resumable::resume() {
 }
 
 void Resumable::step_done(int64_t steps_done) {
-  // The program's next optimizer step is out of sight, so a GPU's compute stream waits for
-  // the copies at once (the host does not; ft/host_copy.h).
+  // The program's next optimizer step is out of sight, so a GPU's copies are waited for at
+  // once (ft/host_copy.h); they still run off the training thread's own copy loop.
   if (snapshotter_ && steps_done % snapshot_every_ == 0) {
     take_snapshot(state_, *snapshotter_, steps_done);
     snapshotter_->before_update();

@@ -31,6 +31,22 @@ BackgroundWriter::~BackgroundWriter() {
   }
   wake_.notify_all();
   thread_.join();
+  release_staging();
+}
+
+namespace {
+
+constexpr size_t kAlign = 64;  // each copy's start in a shared buffer
+
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+void BackgroundWriter::release_staging() {
+  if (staging_pinned_) unpin_host_memory(device_staging_.data_ptr());
+  staging_.clear();
+  device_staging_ = at::Tensor();
+  staging_pinned_ = false;
 }
 
 double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
@@ -42,15 +58,39 @@ double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& piece
   for (size_t i = 0; reuse && i < pieces.size(); ++i)
     reuse = staging_[i].sizes() == pieces[i].data.sizes() && staging_[i].dtype() == pieces[i].data.dtype();
   if (!reuse) {
-    staging_.clear();
-    for (const SavedPiece& p : pieces)  // page-locked where the copy comes from a GPU
-      staging_.push_back(at::empty(p.data.sizes(), p.data.options().device(at::kCPU).pinned_memory(p.data.is_cuda())));
+    release_staging();
+    // Copies of device tensors share one buffer, page-locked once (as the snapshot slots
+    // are), so that they run asynchronously.
+    size_t device_bytes = 0;
+    for (const SavedPiece& p : pieces)
+      if (!p.data.device().is_cpu()) device_bytes += aligned(p.data.nbytes());
+    if (device_bytes > 0) {
+      device_staging_ = at::empty({static_cast<int64_t>(device_bytes)}, at::kByte);
+      staging_pinned_ = pin_host_memory(device_staging_.data_ptr(), device_bytes);
+    }
+    size_t offset = 0;
+    for (const SavedPiece& p : pieces) {
+      if (p.data.device().is_cpu()) {
+        staging_.push_back(at::empty(p.data.sizes(), p.data.options()));
+        continue;
+      }
+      const auto bytes = static_cast<int64_t>(p.data.nbytes());
+      staging_.push_back(device_staging_.narrow(0, static_cast<int64_t>(offset), bytes)
+                             .view(p.data.scalar_type())
+                             .view(p.data.sizes()));
+      offset += aligned(p.data.nbytes());
+    }
   }
   std::vector<SavedPiece> copies;
   copies.reserve(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    copies_.copy(staging_[i], pieces[i].data);
-    copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
+  try {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      copies_.copy(staging_[i], pieces[i].data);
+      copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
+    }
+  } catch (...) {
+    copies_.abandon();
+    throw;
   }
   copies_.finish();
   submit(step, std::move(copies));
@@ -180,15 +220,23 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
   }
   fs::create_directories(dir_);
   Slot& slot = claim(step, bytes);
-  if (on_device && !slot.pinned) slot.pinned = pin_host_memory(slot.base, slot.bytes);  // once per slot
+  if (on_device && !slot.pin_tried) {  // once per slot
+    slot.pinned = pin_host_memory(slot.base, slot.bytes);
+    slot.pin_tried = true;
+  }
   std::vector<SavedPiece> in_slot;  // the same pieces, as views of the slot
   in_slot.reserve(pieces.size());
   uint64_t offset = shard_magic().size();
-  for (const SavedPiece& piece : pieces) {
-    at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
-    copies_.copy(view, piece.data);
-    in_slot.push_back({piece.name, piece.shape, piece.box, std::move(view)});
-    offset += piece.data.nbytes();
+  try {
+    for (const SavedPiece& piece : pieces) {
+      at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
+      copies_.copy(view, piece.data);
+      in_slot.push_back({piece.name, piece.shape, piece.box, std::move(view)});
+      offset += piece.data.nbytes();
+    }
+  } catch (...) {
+    copies_.abandon();  // the slot has no manifest: the snapshots before it serve
+    throw;
   }
   copies_.finish();
   submit(step, std::move(in_slot));

@@ -25,11 +25,11 @@
 // State on a CUDA device is copied on a side stream (ft/host_copy.h) into slots that are
 // page-locked once: take() queues the copies and returns without waiting for them, the
 // writer thread waits for them before its checksums, and the training loop calls
-// before_update() before its next optimizer step, so that the GPU does not change a
-// parameter before its copy has read it.
+// before_update() before its next optimizer step, which waits only if the copies are
+// still running (a parameter must not change before its copy has read it).
 //
 // BackgroundWriter alone is for disk checkpoints: copy on the caller's thread (CUDA: into
-// pinned buffers, on the side stream), write (and fsync) on its own thread.
+// one page-locked buffer, on the side stream), write (and fsync) on its own thread.
 #pragma once
 
 #include <algorithm>
@@ -64,10 +64,10 @@ class BackgroundWriter {
   // copies). Returns the microseconds the caller was held (waiting for the previous
   // write plus the copy; CUDA state: plus queueing its copies).
   virtual double take(int64_t step, const std::vector<SavedPiece>& pieces);
-  // Call before anything changes the state last taken (the next optimizer step): the
-  // device's compute stream waits for the copies of it still in flight. Costs nothing for
-  // CPU state, and never waits on the host.
-  void before_update() { copies_.fence_device(); }
+  // Call before anything changes the state last taken (the next optimizer step): waits
+  // for its device copies if they are still running, and returns the microseconds that
+  // took (part of the snapshot's stall). 0 for CPU state.
+  double before_update() { return copies_.settle(); }
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
@@ -86,7 +86,11 @@ class BackgroundWriter {
   std::optional<std::pair<int64_t, std::vector<SavedPiece>>> pending_;
   bool busy_ = false, stop_ = false;
   std::string failure_;
+  void release_staging();
+
   std::vector<at::Tensor> staging_;  // host copies, reused from take to take
+  at::Tensor device_staging_;        // one buffer holding the copies of device tensors
+  bool staging_pinned_ = false;      // device_staging_ is page-locked
   std::thread thread_;
 };
 
@@ -122,7 +126,8 @@ class Snapshotter : public BackgroundWriter {
     std::string dir;  // DIR/<step> it holds now
     unsigned char* base = nullptr;
     size_t bytes = 0;
-    bool pinned = false;  // page-locked for device-to-host copies
+    bool pinned = false;      // page-locked for device-to-host copies
+    bool pin_tried = false;   // (tried once: a failure means pageable, synchronous copies)
   };
   Slot& claim(int64_t step, size_t bytes);
   static void release(Slot& slot);

@@ -6,10 +6,22 @@
 
 #include <cstddef>
 
+namespace {
+
+// 0 on success. A failure is also cleared from the runtime's per-thread error, which
+// PyTorch checks after its next kernel launch and would report as that kernel's.
+int result_of(cudaError_t error) {
+  if (error == cudaSuccess) return 0;
+  (void)cudaGetLastError();
+  return -1;
+}
+
+}  // namespace
+
 extern "C" __attribute__((visibility("default"))) int trireme_cuda_host_register(void* base, size_t bytes) {
-  return cudaHostRegister(base, bytes, cudaHostRegisterPortable) == cudaSuccess ? 0 : -1;
+  return result_of(cudaHostRegister(base, bytes, cudaHostRegisterPortable));
 }
 
 extern "C" __attribute__((visibility("default"))) int trireme_cuda_host_unregister(void* base) {
-  return cudaHostUnregister(base) == cudaSuccess ? 0 : -1;
+  return result_of(cudaHostUnregister(base));
 }
