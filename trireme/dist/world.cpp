@@ -78,6 +78,17 @@ class ReconnectingStore final : public c10d::Store {
     current()->append(key, value);
   }
   bool hasExtendedApi() const override { return true; }
+  // Another client of the same store. Newer c10d (2.9+) declares Store::clone() and asks a
+  // store for one; 2.7 has no such method, so this overrides there and is unused here.
+  c10::intrusive_ptr<c10d::Store> clone() {
+    c10d::TCPStoreOptions client;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      client = options_;
+    }
+    client.isServer = false;
+    return c10::make_intrusive<ReconnectingStore>(host_, client);
+  }
   void setTimeout(const std::chrono::milliseconds& timeout) override {
     Store::setTimeout(timeout);
     std::lock_guard<std::mutex> lock(mutex_);
