@@ -220,31 +220,19 @@ class Elastic(unittest.TestCase):
         # Under ZeRO-1 each machine holds the only copy of its third of the optimizer
         # state: after the kill, the survivors need the lost third, which only the parity
         # can give back.
-        ref = self.reference(["--zero", "1"])
-        out = os.path.join(self.dir, "run")
-        port = free_port()
-        agents = [self.start(n, port, out, ["--zero", "1", "--redundancy", "2+1"]) for n in range(3)]
-        self.wait_for_step(out, 12, agents)
-        self.wait_for_protection(agents)
-        self.kill_machine(agents[2], 2)
-        errs = self.finish(agents, [0, 1])
-        both = errs[0] + errs[1]
-        self.assertIn("rebuilt the snapshot of step", both)
-        rebuilt = int(both.split("rebuilt the snapshot of step ")[1].split()[0])
-        self.assertIn(f"resumed at step {rebuilt} from memory", errs[0])
-        self.assertNotIn("checkpoint", both)
-        self.check_curve(out, ref, f"ZeRO-1, one machine killed, its optimizer state rebuilt from parity (step {rebuilt})")
+        self.check_zero_rebuilt([], nproc=1)
 
-    def check_zero_resharded_with(self, layout):
-        # 2 workers per machine: dp=3 with pp=2 (or tp=2), ZeRO-1. After the kill, dp=2:
-        # each stage's (or tensor-parallel shard's) optimizer state is re-sharded over its
-        # new data-parallel group from the old ranks' pieces, wherever they are in memory
-        # (the lost machine's rebuilt from parity), not only from the group's own nodes.
+    def check_zero_rebuilt(self, layout, nproc):
+        """ZeRO-1 on 3 machines with --redundancy 2+1, machine 2 killed: dp shrinks and the
+        optimizer state is re-sharded over the new data-parallel groups from the old
+        ranks' pieces, wherever they are in memory (the lost machine's rebuilt from
+        parity), not only from a group's own nodes. With 2 workers per machine and pp=2
+        (or tp=2), dp goes from 3 to 2 for each stage (or tensor-parallel shard)."""
         extra = ["--zero", "1"] + layout
-        ref = self.reference(extra, nproc=2)
+        ref = self.reference(extra, nproc=nproc)
         out = os.path.join(self.dir, "run")
         port = free_port()
-        agents = [self.start(n, port, out, extra + ["--redundancy", "2+1"], nproc=2) for n in range(3)]
+        agents = [self.start(n, port, out, extra + ["--redundancy", "2+1"], nproc=nproc) for n in range(3)]
         self.wait_for_step(out, 12, agents)
         self.wait_for_protection(agents)
         self.kill_machine(agents[2], 2)
@@ -255,15 +243,15 @@ class Elastic(unittest.TestCase):
         rebuilt = int(both.split("rebuilt the snapshot of step ")[1].split()[0])
         self.assertIn(f"resumed at step {rebuilt} from memory", errs[0])
         self.assertNotIn("checkpoint", both)
-        self.check_curve(out, ref, f"ZeRO-1 {' '.join(layout)}, dp 3 -> 2, one machine killed, optimizer state "
-                         f"re-sharded from memory (step {rebuilt})")
+        self.check_curve(out, ref, f"ZeRO-1 {' '.join(layout) or 'dp only'}, {nproc} worker(s) per machine, one "
+                         f"machine killed, optimizer state rebuilt from parity and re-sharded (step {rebuilt})")
         self.assertEqual(workers_alive(self.marker), [])
 
     def test_zero_resharded_under_pipeline(self):
-        self.check_zero_resharded_with(["--pp", "2"])
+        self.check_zero_rebuilt(["--pp", "2"], nproc=2)
 
     def test_zero_resharded_under_tensor_parallelism(self):
-        self.check_zero_resharded_with(["--tp", "2"])
+        self.check_zero_rebuilt(["--tp", "2"], nproc=2)
 
     def test_node_zero_may_be_lost_with_a_store_of_its_own(self):
         store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)

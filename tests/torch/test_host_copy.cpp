@@ -46,6 +46,11 @@ TEST(HostCopy, RefusesADestinationOfAnotherShapeOrType) {
   copies.copy(right, source);
   copies.finish();
   EXPECT_TRUE(at::equal(right, source));
+  // A whole batch whose second pair is wrong: it throws, after ending the batch.
+  at::Tensor first = at::zeros({2, 3});
+  EXPECT_THROW(copies.copy_all({{first, source}, {wrong_shape, source}}), InvalidArgument);
+  EXPECT_TRUE(at::equal(first, source));
+  EXPECT_EQ(wrong_shape.sum().item<float>(), 0.0f);
 }
 
 TEST(HostCopy, PinningNeedsTheCudaPlugin) {

@@ -54,6 +54,16 @@ void HostCopy::finish() {
   began_ = false;
 }
 
+void HostCopy::copy_all(const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs) {
+  try {
+    for (const auto& [dst, src] : pairs) copy(dst, src);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  finish();
+}
+
 void HostCopy::abandon() noexcept {
   try {
     finish();

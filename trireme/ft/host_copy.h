@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace trireme::ft {
@@ -38,6 +39,9 @@ class HostCopy {
   void copy(const at::Tensor& dst, const at::Tensor& src);
   // Ends a batch of copies: the point that settle() and wait_host() wait for.
   void finish();
+  // One whole batch: copy() of each (destination, source) pair, then finish(); when a
+  // copy throws, abandon() and rethrow (what was queued is waited for first).
+  void copy_all(const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs);
   // Ends a batch that failed part way: waits for what it queued. Call instead of finish()
   // when a copy() threw.
   void abandon() noexcept;

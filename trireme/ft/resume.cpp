@@ -371,7 +371,7 @@ std::vector<int64_t> zero_piece_owners(const TrainingState& s, const std::vector
   return std::vector<int64_t>(result.data_ptr<int64_t>(), result.data_ptr<int64_t>() + writers);
 }
 
-// Writer `writer`'s ZeRO pieces from its snapshot `c`, for a broadcast: one line per piece,
+// The ZeRO pieces of the rank that wrote snapshot `c`, for a broadcast: one line per piece,
 // "KEY START LENGTH STEP", and the values, each piece's exp_avg then its exp_avg_sq.
 std::pair<std::string, at::Tensor> zero_pieces_of(const Checkpoint& c) {
   const std::string prefix = "zero/exp_avg/";
@@ -413,7 +413,7 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
       for (const Checkpoint& c : opened)
         if (zero_source(s, c) && c.layout().rank == static_cast<int>(r)) {
           sent = zero_pieces_of(c);
-          sent.second = sent.second.to(params.front().scalar_type());  // what the others expect
+          sent.second = sent.second.to(device, params.front().scalar_type());  // what the others expect
           break;
         }
     c10d::BroadcastOptions from;
@@ -432,7 +432,7 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
     if (root == s.world->rank()) std::memcpy(header.data_ptr(), sent.first.data(), sent.first.size());
     header = broadcast(header.to(device)).cpu();
     const at::Tensor values =
-        broadcast(root == s.world->rank() ? sent.second.to(device)
+        broadcast(root == s.world->rank() ? sent.second
                                           : at::empty({count}, at::TensorOptions(params.front().scalar_type()).device(device)));
     std::istringstream lines(std::string(static_cast<const char*>(header.data_ptr()), static_cast<size_t>(header_bytes)));
     std::string key;

@@ -82,17 +82,12 @@ double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& piece
     }
   }
   std::vector<SavedPiece> copies;
-  copies.reserve(pieces.size());
-  try {
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      copies_.copy(staging_[i], pieces[i].data);
-      copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
-    }
-  } catch (...) {
-    copies_.abandon();
-    throw;
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    copies.push_back({pieces[i].name, pieces[i].shape, pieces[i].box, staging_[i]});
+    pairs.emplace_back(staging_[i], pieces[i].data);
   }
-  copies_.finish();
+  copies_.copy_all(pairs);
   submit(step, std::move(copies));
   return obs::now_us() - start;
 }
@@ -225,20 +220,15 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
     slot.pin_tried = true;
   }
   std::vector<SavedPiece> in_slot;  // the same pieces, as views of the slot
-  in_slot.reserve(pieces.size());
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
   uint64_t offset = shard_magic().size();
-  try {
-    for (const SavedPiece& piece : pieces) {
-      at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
-      copies_.copy(view, piece.data);
-      in_slot.push_back({piece.name, piece.shape, piece.box, std::move(view)});
-      offset += piece.data.nbytes();
-    }
-  } catch (...) {
-    copies_.abandon();  // the slot has no manifest: the snapshots before it serve
-    throw;
+  for (const SavedPiece& piece : pieces) {
+    at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
+    in_slot.push_back({piece.name, piece.shape, piece.box, view});
+    pairs.emplace_back(std::move(view), piece.data);
+    offset += piece.data.nbytes();
   }
-  copies_.finish();
+  copies_.copy_all(pairs);  // on a failure the slot has no manifest: the snapshots before it serve
   submit(step, std::move(in_slot));
   return obs::now_us() - start;
 }

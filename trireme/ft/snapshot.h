@@ -79,6 +79,7 @@ class BackgroundWriter {
 
  private:
   void run(bool idle_priority);
+  void release_staging();  // unpins and drops the staging buffers
 
   WriteFn write_;
   std::mutex mutex_;
@@ -86,8 +87,6 @@ class BackgroundWriter {
   std::optional<std::pair<int64_t, std::vector<SavedPiece>>> pending_;
   bool busy_ = false, stop_ = false;
   std::string failure_;
-  void release_staging();
-
   std::vector<at::Tensor> staging_;  // host copies, reused from take to take
   at::Tensor device_staging_;        // one buffer holding the copies of device tensors
   bool staging_pinned_ = false;      // device_staging_ is page-locked
