@@ -87,6 +87,7 @@ class Elastic(unittest.TestCase):
         self.env = dict(os.environ, OMP_NUM_THREADS="1", TRIREME_SNAPSHOT_ROOT=self.areas)
         self.marker = self.dir
         self.procs = []
+        self.steps = STEPS
 
     def tearDown(self):
         for p in self.procs:
@@ -99,7 +100,7 @@ class Elastic(unittest.TestCase):
     def start(self, node, port, out, extra=(), nproc=1, nnodes="2:3"):
         args = [TRIREME, "train", "gpt", "--nproc-per-node", str(nproc), "--nnodes", nnodes, "--node-rank", str(node),
                 "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "4", "--node-timeout", "3",
-                "--snapshot-every", "1", "--snapshot-overhead", "0", "--steps", str(STEPS), "--out", out,
+                "--snapshot-every", "1", "--snapshot-overhead", "0", "--steps", str(self.steps), "--out", out,
                 "--seed", "7"] + MODEL + list(extra)
         p = subprocess.Popen(args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(p)
@@ -180,13 +181,16 @@ class Elastic(unittest.TestCase):
         rows = metrics(out)
         steps = [m["step"] for m in rows]
         self.assertEqual(steps, sorted(set(steps)))
-        self.assertEqual(steps[-1], STEPS)
-        self.assertLessEqual(STEPS - len(steps), missing_allowed, steps)
+        self.assertEqual(steps[-1], self.steps)
+        self.assertLessEqual(self.steps - len(steps), missing_allowed, steps)
         diff = max(abs(m["loss"] - ref[m["step"] - 1]) for m in rows)
-        print(f"{what}: max |loss - uninterrupted loss| over {STEPS} steps = {diff:.3g}")
+        print(f"{what}: max |loss - uninterrupted loss| over {self.steps} steps = {diff:.3g}")
         self.assertLess(diff, LOSS_TOLERANCE)
 
     def test_lose_a_machine_and_grow_back(self):
+        # Long enough that the job is still running when the replacement has started and
+        # asked to join (a node that arrives after the end is told so and does not join).
+        self.steps = 150
         ref = self.reference()
         out = os.path.join(self.dir, "run")
         port = free_port()
@@ -198,7 +202,6 @@ class Elastic(unittest.TestCase):
         self.kill_machine(agents[2], 2)
         # A replacement under the lost node's id, once the job has gone on without it.
         self.wait_for_restart(out, agents[:2])
-        self.wait_for_step(out, 20, agents[:2])
         replacement = self.start(2, port, out, extra)
         agents[2] = replacement
         errs = self.finish(agents, [0, 1, 2])
@@ -212,7 +215,7 @@ class Elastic(unittest.TestCase):
         self.assertEqual(len(resumes), 2, errs[0][-3000:])  # after the loss, after the join
         for line in resumes:
             self.assertIn("from memory", line)  # no checkpoint was read
-        self.check_curve(out, ref, "3 machines, one killed at step >= 10, replacement joined at step >= 20")
+        self.check_curve(out, ref, "3 machines, one killed at step >= 10, then a replacement joined")
         self.assertEqual(workers_alive(self.marker), [])
         self.assertEqual(os.listdir(self.areas), [])
 

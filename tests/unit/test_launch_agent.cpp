@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -243,4 +244,91 @@ TEST(LaunchAgent, JoinRequestWithoutARestartLeftLetsTheWorkersFinish) {
   EXPECT_EQ(result.exit_code, 0) << result.failure;
   const std::string out = io.stdout_text();
   EXPECT_NE(out.find("finished"), std::string::npos) << out;
+}
+
+// How a generation ends when one node's workers finish while another node would restart
+// it for a joiner (the two decisions race; seen as a hang at the end of a job: the
+// finished node waited for the others to finish, the other for it to check in).
+// Whoever claims the generation's end first (keys::generation_end) decides.
+namespace {
+
+// Node 0 of a job whose node 1 vanished, so generation 1 runs on node 0 alone; then
+// `during_generation_1` runs on a thread of the test, and the worker of generation 1
+// finishes once the file GO exists.
+struct JoinAtTheEnd {
+  MemoryChannel channel;
+  CapturedIo io;
+  std::string go = "/tmp/trireme-test-agent-go-" + std::to_string(::getpid());
+  LaunchOptions o;
+
+  JoinAtTheEnd() {
+    ::unlink(go.c_str());
+    channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
+    o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT; if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then "
+                      "while [ ! -e " + go + " ]; do sleep 0.02; done; echo finished; fi; "
+                      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
+    o.nnodes = 2;
+    o.nnodes_min = 1;
+    o.max_restarts = 2;
+    o.node_timeout_s = 0.5;
+    o.rdzv_port = 1234;
+  }
+  ~JoinAtTheEnd() { ::unlink(go.c_str()); }
+
+  LaunchResult run(const std::function<void()>& during_generation_1) {
+    std::thread test([&] {
+      if (channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) during_generation_1();
+      ::close(::open(go.c_str(), O_CREAT | O_WRONLY, 0600));
+    });
+    const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    test.join();
+    return result;
+  }
+
+  void ask_to_join() {
+    channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
+    channel.add(keys::kPending, 1);
+  }
+
+  bool wait_until(const std::function<bool()>& done) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!done())
+      if (Clock::now() > deadline) return false;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST(LaunchAgent, AJoinAfterAnotherNodeFinishedIsNotTaken) {
+  JoinAtTheEnd job;
+  bool claimed = false;
+  const LaunchResult result = job.run([&] {
+    job.channel.add(keys::generation_end(1), keys::kFinished);  // another node's workers finished
+    job.ask_to_join();
+    // The agent sees the request and claims the end after the finish: it must not restart.
+    claimed = job.wait_until([&] {
+      return job.channel.try_get(keys::generation_end(1)) == std::to_string(keys::kFinished + 1);
+    });
+  });
+  EXPECT_TRUE(claimed) << "the agent never looked at the join request";
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = job.io.stdout_text();
+  EXPECT_NE(out.find("finished"), std::string::npos) << out;
+  EXPECT_EQ(out.find("gen=2"), std::string::npos) << out;
+  EXPECT_FALSE(job.channel.try_get(keys::restart(2)));
+}
+
+TEST(LaunchAgent, FinishedWorkersJoinARestartClaimedBeforeThem) {
+  JoinAtTheEnd job;
+  // Another node took a joiner first, and has not yet asked for the restart when the
+  // workers here finish.
+  const LaunchResult result = job.run([&] { job.channel.add(keys::generation_end(1), 1); });
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = job.io.stdout_text(), err = job.io.stderr_text();
+  EXPECT_NE(out.find("finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("gen=2"), std::string::npos) << out;  // it restarted with the others
+  EXPECT_NE(err.find("restarting the workers (restart 2 of 2)"), std::string::npos) << err;
+  EXPECT_EQ(job.channel.try_get(keys::restart_members(2)), "0");
 }

@@ -356,6 +356,14 @@ std::vector<std::string> Checkpoint::names(const std::string& prefix) const {
   return out;
 }
 
+std::vector<Checkpoint::SliceRecord> Checkpoint::slices() const {
+  std::vector<SliceRecord> out;
+  for (const auto& [name, tensor] : tensors_)
+    for (const Slice& slice : tensor.slices)
+      out.push_back({name, tensor.dtype, slice.file, slice.offset, slice.bytes, slice.crc, slice.box});
+  return out;
+}
+
 std::vector<Box> Checkpoint::boxes(const std::string& name) const {
   std::vector<Box> out;
   auto it = tensors_.find(name);

@@ -114,6 +114,15 @@ class Checkpoint {
   // CRC checked as it is read). Throws CheckpointCorrupt when the slices do not cover it,
   // InvalidArgument for an unknown tensor or a box outside it.
   at::Tensor read(const std::string& name, const Box& want) const;
+  // Every slice the manifest lists, tensors in name order (for code that moves a
+  // checkpoint's files whole, such as ft/parity_keeper.h).
+  struct SliceRecord {
+    std::string tensor, dtype, file;
+    uint64_t offset = 0, bytes = 0;
+    uint32_t crc = 0;
+    Box box;
+  };
+  std::vector<SliceRecord> slices() const;
   // What `trireme checkpoint inspect` prints: step, layout, tensors with shapes, slice
   // counts and bytes.
   std::string describe() const;

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -18,12 +19,14 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "trireme/common/error.h"
 #include "trireme/dist/backend.h"
 #include "trireme/ft/checkpoint.h"
 #include "trireme/ft/parity_exchange.h"
+#include "trireme/ft/protected_blob.h"
 #include "trireme/ft/redundancy.h"
 #include "trireme/ft/snapshot.h"
 #include "trireme/obs/clock.h"
@@ -38,6 +41,7 @@ struct ParityKeeper::Committed {
   int64_t step = 0;
   std::vector<int> members;        // the generation whose plan `held` follows ({}: none)
   std::vector<std::string> files;  // the blob's files, relative to AREA/protected/<step>/
+  std::set<std::string> replicated;  // keys of the slices left out of the blob (protected_blob.h)
   ParityHeld held;
 };
 
@@ -60,9 +64,6 @@ constexpr std::chrono::milliseconds kPoll{25};
 // a rebuild cut short leaves a directory without a manifest, never a manifest over
 // missing data.
 constexpr const char* kSnapshotFiles[] = {"data.bin", "manifest.json"};
-// First bytes of a blob; the number is its format version.
-constexpr char kBlobMagic[] = "TRIREME-PROTECTED 1\n";
-constexpr size_t kBlobMagicBytes = sizeof(kBlobMagic) - 1;
 
 std::string rank_name(int rank) { return "rank-" + std::to_string(rank); }
 std::string protected_root(const std::string& area) { return area + "/protected"; }
@@ -114,14 +115,44 @@ int64_t newest_common_step(const KeeperGeneration& g, bool listed_only) {
   return common.empty() ? 0 : common.back();
 }
 
-// Copies the snapshot directory `from` (of step `step`) to `to` and verifies the copy's
-// every CRC. "" when it verifies, else why not.
-std::string copy_snapshot(const std::string& from, const std::string& to, int64_t step) {
+// A file's identity and version: a rewritten file (a new inode by rename) or a changed one
+// differs.
+struct FileStamp {
+  dev_t device = 0;
+  ino_t inode = 0;
+  int64_t mtime_ns = 0, bytes = 0;
+  bool operator==(const FileStamp& o) const {
+    return device == o.device && inode == o.inode && mtime_ns == o.mtime_ns && bytes == o.bytes;
+  }
+};
+
+std::optional<FileStamp> stamp(const std::string& path) {
+  struct stat s {};
+  if (::stat(path.c_str(), &s) != 0) return std::nullopt;
+  return FileStamp{s.st_dev, s.st_ino, static_cast<int64_t>(s.st_mtim.tv_sec) * 1000000000 + s.st_mtim.tv_nsec,
+                   static_cast<int64_t>(s.st_size)};
+}
+
+// Copies the snapshot directory `from` (of step `step`) to `to`. "" when the copy is whole,
+// else why not. A worker reuses a snapshot's slot for the snapshot three steps later, and
+// removes the manifest before it writes a byte of the slot (ft/snapshot.h), so a copy is
+// torn exactly when the manifest it started from is gone or replaced once it is done:
+// checked without reading the data again. (Its CRCs are checked where it is read: when
+// the workers resume from it or a rebuild writes it.) `between` runs between the copy and
+// that check (a test seam).
+std::string copy_snapshot(const std::string& from, const std::string& to, int64_t step,
+                          const std::function<void(const std::string&)>& between) {
   try {
+    const std::string manifest = from + "/manifest.json";
+    const std::optional<FileStamp> before = stamp(manifest);
+    if (!before) return from + ": no longer complete";
     fs::create_directories(to);
     for (const char* name : kSnapshotFiles)
       fs::copy_file(from + "/" + name, to + "/" + name, fs::copy_options::overwrite_existing);
-    const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/true);
+    if (between) between(from);
+    const std::optional<FileStamp> after = stamp(manifest);
+    if (!after || !(*after == *before)) return from + ": replaced while it was copied";
+    const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/false);
     if (copy.step() != step) return to + ": holds step " + std::to_string(copy.step());
     return "";
   } catch (const std::exception& e) {
@@ -129,108 +160,28 @@ std::string copy_snapshot(const std::string& from, const std::string& to, int64_
   }
 }
 
-// The blob of the files `paths` under `root`, in that order:
-//   kBlobMagic, u32 file count, then per file: u32 path bytes, path, u64 data bytes, data
-// (native byte order: the machines of a job share one).
-template <typename T>
-void put(std::vector<uint8_t>& out, size_t& at, T value) {
-  std::memcpy(out.data() + at, &value, sizeof(T));
-  at += sizeof(T);
-}
-
-std::vector<uint8_t> serialize(const std::string& root, const std::vector<std::string>& paths) {
-  size_t total = kBlobMagicBytes + sizeof(uint32_t);
-  std::vector<uint64_t> sizes;
-  for (const std::string& path : paths) {
-    sizes.push_back(fs::file_size(root + "/" + path));
-    total += sizeof(uint32_t) + path.size() + sizeof(uint64_t) + sizes.back();
+// A set of slice keys as one store value, and back (keys hold no newline).
+std::vector<uint8_t> joined_keys(const std::set<std::string>& keys) {
+  std::vector<uint8_t> out;
+  for (const std::string& key : keys) {
+    out.insert(out.end(), key.begin(), key.end());
+    out.push_back('\n');
   }
-  std::vector<uint8_t> blob(total);
-  size_t at = 0;
-  std::memcpy(blob.data(), kBlobMagic, kBlobMagicBytes);
-  at += kBlobMagicBytes;
-  put(blob, at, static_cast<uint32_t>(paths.size()));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    put(blob, at, static_cast<uint32_t>(paths[i].size()));
-    std::memcpy(blob.data() + at, paths[i].data(), paths[i].size());
-    at += paths[i].size();
-    put(blob, at, sizes[i]);
-    const std::string file = root + "/" + paths[i];
-    std::ifstream in(file, std::ios::binary);
-    if (!in.read(reinterpret_cast<char*>(blob.data() + at), static_cast<std::streamsize>(sizes[i])))
-      TRIREME_THROW(Error, "cannot read ", file, " back for the parity exchange");
-    at += sizes[i];
-  }
-  return blob;
+  return out;
 }
 
-struct BlobFile {
-  std::string path;
-  const uint8_t* data = nullptr;
-  uint64_t bytes = 0;
-};
-
-// A path a blob may hold: relative, no empty, "." or ".." component.
-bool plain_relative(const std::string& path) {
-  if (path.empty() || path.front() == '/') return false;
-  std::istringstream parts(path);
-  for (std::string part; std::getline(parts, part, '/');)
-    if (part.empty() || part == "." || part == "..") return false;
-  return path.back() != '/';
-}
-
-// The files of a blob; throws CheckpointCorrupt when it is not one.
-std::vector<BlobFile> parse_blob(const std::vector<uint8_t>& blob) {
-  size_t at = 0;
-  const auto take = [&](size_t n) {
-    if (blob.size() - at < n) TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob is truncated");
-    const uint8_t* p = blob.data() + at;
-    at += n;
-    return p;
-  };
-  const auto number = [&](auto zero) {
-    decltype(zero) value;
-    std::memcpy(&value, take(sizeof(value)), sizeof(value));
-    return value;
-  };
-  if (std::memcmp(take(kBlobMagicBytes), kBlobMagic, kBlobMagicBytes) != 0)
-    TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob does not start with its magic line");
-  const uint32_t count = number(uint32_t{});
-  if (count > blob.size() / (sizeof(uint32_t) + sizeof(uint64_t)))
-    TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob claims ", count, " files");
-  std::vector<BlobFile> files(count);
-  for (BlobFile& f : files) {
-    const uint32_t length = number(uint32_t{});
-    const uint8_t* name = take(length);
-    f.path.assign(reinterpret_cast<const char*>(name), length);
-    if (!plain_relative(f.path))
-      TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob names the path '", f.path, "'");
-    f.bytes = number(uint64_t{});
-    f.data = take(f.bytes);
-  }
-  if (at != blob.size()) TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob has bytes after its last file");
-  return files;
-}
-
-// Writes a blob's files under `root`, each top directory (a rank's) replaced whole;
-// returns the top directories in order.
-std::vector<std::string> write_blob(const std::vector<uint8_t>& blob, const std::string& root) {
-  const std::vector<BlobFile> files = parse_blob(blob);
-  std::vector<std::string> tops;
-  for (const BlobFile& f : files) {
-    const std::string top = f.path.substr(0, f.path.find('/'));
-    if (std::find(tops.begin(), tops.end(), top) == tops.end()) {
-      fs::remove_all(root + "/" + top);
-      tops.push_back(top);
+std::set<std::string> split_keys(const std::vector<uint8_t>& bytes) {
+  std::set<std::string> keys;
+  std::string key;
+  for (uint8_t c : bytes) {
+    if (c != '\n') {
+      key += static_cast<char>(c);
+      continue;
     }
-    const fs::path target = fs::path(root) / f.path;
-    fs::create_directories(target.parent_path());
-    std::ofstream out(target, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(f.data), static_cast<std::streamsize>(f.bytes));
-    out.close();
-    if (!out) TRIREME_THROW(Error, "cannot write ", target.string());
+    keys.insert(std::move(key));
+    key.clear();
   }
-  return tops;
+  return keys;
 }
 
 // A client of the rendezvous store, its keys under `prefix`.
@@ -301,7 +252,8 @@ struct RoundCopy {
 
 }  // namespace
 
-ParityKeeper::ParityKeeper(int k, int m) : k_(k), m_(m) {
+ParityKeeper::ParityKeeper(int k, int m, std::function<void(const std::string&)> after_copy)
+    : k_(k), m_(m), after_copy_(std::move(after_copy)) {
   TRIREME_CHECK(k >= 1 && m >= 0, "--redundancy needs K >= 1 and M >= 0, got ", k, "+", m);
 }
 
@@ -361,13 +313,14 @@ std::string ParityKeeper::summary() const {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  char line[320];
+  char line[400];
   std::snprintf(line, sizeof line,
                 "snapshot redundancy: %d round%s protected (newest step %lld, %d skipped); median copy %.1f ms, "
-                "exchange %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity",
+                "exchange %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity "
+                "(%.2f MiB of the copy is on every machine of its group, so not coded)",
                 s.rounds, s.rounds == 1 ? "" : "s", static_cast<long long>(s.protected_step), s.skipped,
-                median(s.round_copy_ms),
-                median(s.round_exchange_ms), s.copy_bytes / 1048576.0, s.parity_bytes / 1048576.0);
+                median(s.round_copy_ms), median(s.round_exchange_ms), s.copy_bytes / 1048576.0,
+                s.parity_bytes / 1048576.0, s.replicated_bytes / 1048576.0);
   return line;
 }
 
@@ -414,12 +367,12 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       }
       // 2. The round's step: the oldest of the machines' newest.
       // The keys of round - 2 are read by everyone: every machine has posted round - 1's.
-      for (const char* what : {"ready/", "verified/", "exchanged/"})
+      for (const char* what : {"ready/", "verified/", "keys/", "exchanged/"})
         store->deleteKey(what + std::to_string(round - 2) + "/" + std::to_string(g.position));
       const auto agreed = store_min(*store, "ready/" + std::to_string(round), g.position, machines, newest, stop_);
       if (!agreed) return;
       const int64_t step = *agreed;
-      // 3. Copy and verify.
+      // 3. Copy, and the keys of the copy's slices.
       if (stop_) return;
       const double copy_start = obs::now_us();
       RoundCopy copy{root + "/.tmp-" + std::to_string(step)};
@@ -429,11 +382,22 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       for (int rank : g.local_ranks) {
         if (!copied) break;
         const std::string from = g.area + "/" + rank_name(rank) + "/" + std::to_string(step);
-        copied = copy_snapshot(from, copy.path + "/" + rank_name(rank), step).empty();
+        copied = copy_snapshot(from, copy.path + "/" + rank_name(rank), step, after_copy_).empty();
         for (const char* name : kSnapshotFiles) files.push_back(rank_name(rank) + "/" + name);
       }
+      std::set<std::string> keys;
+      if (copied) {
+        try {
+          keys = slice_keys(copy.path, files);
+        } catch (const std::exception&) {
+          copied = false;
+        }
+      }
       const double copy_ms = (obs::now_us() - copy_start) / 1e3;
-      // 4. Every machine's copy verified, or the round is dropped everywhere.
+      // 4. Every machine's copy whole, or the round is dropped everywhere. With the
+      // agreement, each machine's keys: the slices every machine of a redundancy group
+      // holds are left out of its coding (ft/protected_blob.h).
+      store->set("keys/" + std::to_string(round) + "/" + std::to_string(g.position), joined_keys(keys));
       const auto verified = store_min(*store, "verified/" + std::to_string(round), g.position, machines, copied, stop_);
       if (!verified) return;
       copied = *verified == 1;
@@ -448,11 +412,20 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       // exchange), since a peer's recv posted after this machine's group went away would
       // wait out the group's timeout instead of failing.
       const double exchange_start = obs::now_us();
-      uint64_t blob_bytes = 0;
+      for (int other : plan.group_of(g.position).machines) {
+        if (other == g.position) continue;
+        const std::set<std::string> theirs =
+            split_keys(store->get("keys/" + std::to_string(round) + "/" + std::to_string(other)));
+        std::set<std::string> both;
+        std::set_intersection(keys.begin(), keys.end(), theirs.begin(), theirs.end(),
+                              std::inserter(both, both.end()));
+        keys = std::move(both);
+      }
+      uint64_t copy_bytes = 0, replicated_bytes = 0;
+      for (const std::string& file : files) copy_bytes += fs::file_size(copy.path + "/" + file);
       ParityHeld held;
       {
-        const std::vector<uint8_t> blob = serialize(copy.path, files);
-        blob_bytes = blob.size();
+        const std::vector<uint8_t> blob = serialize_blob(copy.path, files, keys, &replicated_bytes);
         held = exchange_parity(plan, g.position, blob.data(), blob.size(), group);
       }
       // 6. Commit once every machine has its parity.
@@ -467,14 +440,15 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       uint64_t parity_bytes = 0;
       for (const auto& [where, block] : held.parity) parity_bytes += block.size();
       auto state = std::make_unique<Committed>();
-      *state = {step, g.members, std::move(files), std::move(held)};
+      *state = {step, g.members, std::move(files), std::move(keys), std::move(held)};
       std::lock_guard<std::mutex> lock(mutex_);
       committed_ = std::move(state);
       ++stats_.rounds;
       stats_.protected_step = step;
       stats_.round_copy_ms.push_back(copy_ms);
       stats_.round_exchange_ms.push_back(exchange_ms);
-      stats_.copy_bytes = blob_bytes;
+      stats_.copy_bytes = copy_bytes;
+      stats_.replicated_bytes = replicated_bytes;
       stats_.parity_bytes = parity_bytes;
     }
   } catch (const std::exception& e) {
@@ -581,7 +555,7 @@ KeeperRecovery ParityKeeper::recover_or_throw(const KeeperGeneration& previous, 
   std::string unreadable;
   if (affected) {
     try {
-      blob = serialize(root, state->files);
+      blob = serialize_blob(root, state->files, state->replicated);
       if (blob.size() != state->held.sizes.at(me))
         unreadable = root + " is not what was protected (" + std::to_string(blob.size()) + " bytes, " +
                      std::to_string(state->held.sizes.at(me)) + " exchanged)";
@@ -600,16 +574,21 @@ KeeperRecovery ParityKeeper::recover_or_throw(const KeeperGeneration& previous, 
   blob = {};
   std::vector<std::string> done;
   std::string failure;
+  HoleFill fill;  // the replicated slices, from this machine's own copy
   for (auto& [machine, bytes] : rebuilt) {
     const std::string node = "node " + std::to_string(previous.members[static_cast<size_t>(machine)]);
     try {
+      if (!fill) fill = fill_from(root, state->files);
       std::vector<int> ranks;
-      for (const std::string& dir : write_blob(bytes, root)) {
+      uint64_t written = 0;
+      for (const std::string& dir : write_blob(bytes, root, fill)) {
         const Checkpoint copy = Checkpoint::open(root + "/" + dir, /*verify_data=*/true);
         TRIREME_CHECK(copy.step() == step, root, "/", dir, " holds step ", copy.step());
         ranks.push_back(copy.layout().rank >= 0 ? copy.layout().rank : std::stoi(dir.substr(dir.find('-') + 1)));
+        for (const auto& entry : fs::directory_iterator(root + "/" + dir)) written += entry.file_size();
       }
-      done.push_back(node + " (ranks " + joined(ranks, ",") + "; " + size_text(bytes.size()) + ")");
+      done.push_back(node + " (ranks " + joined(ranks, ",") + "; " + size_text(written) + ", " +
+                     size_text(bytes.size()) + " of it coded, the rest replicated here)");
     } catch (const std::exception& e) {
       failure = node + ": " + dist::error_text(e);
     }

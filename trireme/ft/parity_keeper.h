@@ -6,8 +6,9 @@
 // machine's newest common step is the newest step that every one of its local ranks has a
 // complete snapshot of. Its protected copy of step S is AREA/protected/<S>/rank-<R>/
 // {manifest.json,data.bin} for each local rank R; its blob is that copy serialized into
-// one byte string (a magic line, the file count, then per file its relative path and
-// bytes), which is what ft/parity_exchange.h codes across machines.
+// one byte string less the slices that every machine of its redundancy group holds
+// (replicas: ft/protected_blob.h), which is what ft/parity_exchange.h codes across
+// machines. Under pure data parallelism that is nearly all of it.
 //
 // A round, on a background thread at SCHED_IDLE priority (it runs in the machine's idle
 // moments; Gloo's threads, created from it, inherit that priority), over a Gloo group of
@@ -15,13 +16,15 @@
 //   1. wait until the newest common step is newer than the last step tried
 //   2. agree on the round's step S, the oldest of the machines' newest: each machine puts
 //      its own under the store and waits for the others' (stop() ends the wait)
-//   3. copy each local rank's AREA/rank-<R>/<S>/ to AREA/protected/.tmp-<S>/rank-<R>/ and
-//      verify every CRC of the copy: workers reuse a snapshot's files for the snapshot
-//      three steps later, so a copy can be torn (or S gone).
-//   4. agree, the same way, that every copy verified; where one did not, every machine
-//      drops its copy and waits for a step newer than S
-//   5. exchange parity of the blobs (RedundancyPlan::make(machines, K, M)); once agreed,
-//      no machine stops before it is done
+//   3. copy each local rank's AREA/rank-<R>/<S>/ to AREA/protected/.tmp-<S>/rank-<R>/:
+//      workers reuse a snapshot's files for the snapshot three steps later, removing its
+//      manifest first, so a copy is torn (or S gone) exactly when that manifest is gone
+//      or replaced after the copy; and list the keys of the copy's slices
+//   4. agree, the same way, that every copy is whole, and post the keys; where a copy
+//      is not, every machine drops its copy and waits for a step newer than S
+//   5. leave out of the blob the slices whose keys every machine of the group posted,
+//      and exchange parity of the blobs (RedundancyPlan::make(machines, K, M)); once
+//      agreed, no machine stops before it is done
 //   6. agree that every exchange is done; then rename the copy to AREA/protected/<S>/,
 //      remove older protected steps, keep the parity in memory.
 // The agreements go through the store, not Gloo all-reduces: how long they wait depends
@@ -36,8 +39,8 @@
 // is 0 unless its parity was made for `previous`'s members); the survivors of each
 // redundancy group that lost machines re-serialize their blobs from AREA/protected/<S>/
 // and send their blocks to the group's lowest survivor, the rebuilder, which rebuilds the
-// lost machines' blobs and writes their files under its AREA/protected/<S>/ (verified as
-// the copies are). Rounds of a later generation protect only steps newer than S, so the
+// lost machines' blobs and writes their files under its AREA/protected/<S>/, the
+// replicated slices filled from its own copy, every CRC verified. Rounds of a later generation protect only steps newer than S, so the
 // rebuilt directories stay while the next workers resume from them.
 //
 // Memory per machine: the protected copy (in the area, on /dev/shm: about one snapshot
@@ -48,6 +51,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,7 +70,8 @@ struct KeeperStats {
   // Every committed round's copy and verification, and its serialization, parity exchange
   // and commit barrier, in order.
   std::vector<double> round_copy_ms, round_exchange_ms;
-  uint64_t copy_bytes = 0;     // the protected copy's blob (files under AREA/protected/<step>/)
+  uint64_t copy_bytes = 0;     // the protected copy (files under AREA/protected/<step>/)
+  uint64_t replicated_bytes = 0;  // of it, slices every machine of the group holds: not coded
   uint64_t parity_bytes = 0;   // parity blocks held in memory
   std::string error;           // why protection stopped before stop() ("" when it did not)
 };
@@ -74,8 +79,9 @@ struct KeeperStats {
 class ParityKeeper final : public launch::SnapshotKeeper {
  public:
   // k data and m parity blocks per codeword (--redundancy K+M); m = 0 copies snapshots to
-  // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt.
-  ParityKeeper(int k, int m);
+  // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt. `after_copy(dir)`
+  // runs after a rank's snapshot DIR is copied, before the copy is checked (a test seam).
+  ParityKeeper(int k, int m, std::function<void(const std::string&)> after_copy = {});
   ~ParityKeeper() override;  // stops
   ParityKeeper(const ParityKeeper&) = delete;
   ParityKeeper& operator=(const ParityKeeper&) = delete;
@@ -101,6 +107,7 @@ class ParityKeeper final : public launch::SnapshotKeeper {
                                           const launch::KeeperGeneration& next);
 
   const int k_, m_;
+  const std::function<void(const std::string&)> after_copy_;
   mutable std::mutex mutex_;             // guards committed_ and stats_
   std::unique_ptr<Committed> committed_;
   KeeperStats stats_;

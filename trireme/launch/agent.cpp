@@ -177,6 +177,7 @@ class Agent {
   void remove_snapshot_dir();
   Event supervise();
   std::optional<Event> watch_nodes();
+  Event finished_or_restarted();
   LaunchResult finish(const Event& event);
   LaunchResult finish_success();
 
@@ -273,6 +274,7 @@ LaunchResult Agent::run() {
       remove_snapshot_dir();
       return result;
     }
+    if (event.ending == Ending::kAllExited && elastic(options_)) event = finished_or_restarted();
     await_leavers_flush();
     if (keeper_) while_pumping([&] { keeper_->stop(); });
     const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) ||
@@ -297,6 +299,31 @@ LaunchResult Agent::run() {
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
+  }
+}
+
+// This node's workers all finished. Another agent may have begun to restart the generation
+// for a joiner a moment before (they could not see it yet): the first agent to finish
+// decides from the claims made before it (keys::generation_end) and publishes that; claims
+// after it are ignored by their makers. So no agent waits for a finish while another waits
+// for a restart.
+Event Agent::finished_or_restarted() {
+  const Event finished{Ending::kAllExited, ""};
+  const Event restarted{Ending::kRemoteRestart, "a node asks to join (seen on another node before the workers here "
+                                                "finished)"};
+  try {
+    const int64_t v = channel_.add(keys::generation_end(generation_), keys::kFinished);
+    const std::string decision_key = keys::generation_end(generation_) + "/decision";
+    if (v / keys::kFinished == 1) {  // the first to finish
+      const bool restart = v % keys::kFinished != 0;
+      channel_.set(decision_key, restart ? "restart" : "finish");
+      return restart ? restarted : finished;
+    }
+    if (wait_key(decision_key, Clock::now() + seconds(options_.join_timeout_s), false) != WaitEnd::kSet)
+      return finished;
+    return channel_.try_get(decision_key) == "restart" ? restarted : finished;
+  } catch (const Error&) {
+    return finished;  // the store is gone: the job is over
   }
 }
 
@@ -602,7 +629,15 @@ std::optional<LaunchResult> Agent::join_running() {
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   while (true) {
-    switch (wait_key(keys::restart_members(generation), deadline, /*watch_failure=*/true)) {
+    WaitEnd end;
+    try {
+      end = wait_key(keys::restart_members(generation), deadline, /*watch_failure=*/true);
+    } catch (const CommError&) {
+      return LaunchResult{1, "the rendezvous store at " + rdzv() + " went away while " + node() +
+                                 " waited to join: the job has finished, or the machine hosting the store was "
+                                 "lost; " + node() + " did not join"};
+    }
+    switch (end) {
       case WaitEnd::kSet:
         break;
       case WaitEnd::kSignal:
@@ -768,8 +803,11 @@ std::optional<Event> Agent::watch_nodes() {
     if (requests > pending_seen_) {
       pending_seen_ = requests;
       for (int id = 0; id < options_.nnodes; ++id)
-        if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_)
+        if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) {
+          // Not when another node's workers have already finished: the job is ending there.
+          if (channel_.add(keys::generation_end(generation_), 1) >= keys::kFinished) return std::nullopt;
           return Event{Ending::kNodeJoin, "node " + std::to_string(id) + " asks to join"};
+        }
     }
   }
   return std::nullopt;

@@ -30,6 +30,12 @@
 //                           replacement may join under the same --node-rank
 //   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs)
 //   trireme/agents/pending  counter of such requests, which running agents watch
+//   trireme/end/G           counter deciding how generation G ends when its workers finish
+//                           on one node while another would restart it for a join: an
+//                           agent whose workers all finished adds kFinished, one that
+//                           would take a joiner adds 1 (and does not, if a finish came
+//                           first); the first to finish decides from the joins before it
+//   trireme/end/G/decision  "finish" or "restart", set by that first agent to finish
 //
 // Every method may throw CommError when the store is unreachable.
 #pragma once
@@ -69,6 +75,8 @@ inline std::string left(int node) { return "trireme/agents/left/" + std::to_stri
 inline std::string flushed(int node) { return "trireme/agents/flushed/" + std::to_string(node); }
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
+inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
+inline constexpr int64_t kFinished = int64_t{1} << 32;
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
 // through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
 // for --heartbeat-timeout seconds; workers that never set it are not watched.
