@@ -54,6 +54,11 @@ class TrainBadInput(unittest.TestCase):
         # 2 heads cannot be split 4 ways.
         self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")
 
+    def test_redundancy_cpu_out_of_range(self):
+        self.refuse(["--nproc-per-node", "1", "--nnodes", "2:3", "--rdzv", "127.0.0.1:1", "--max-restarts", "1",
+                     "--redundancy", "2+1", "--redundancy-cpu", "2"] + SMALL,
+                    "--redundancy-cpu must be in [0, 1] (a share of one core; 0: no limit), got 2")
+
     def test_standby_not_a_switch_value(self):
         self.refuse(["--nproc-per-node", "1", "--standby", "2"] + SMALL, "--standby takes 0 or 1, got 2")
 

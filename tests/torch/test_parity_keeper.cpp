@@ -86,7 +86,7 @@ class Cluster {
  public:
   // after_copy(node, dir): the keepers' test seam (ParityKeeper's constructor).
   Cluster(const std::vector<std::vector<int>>& ranks, int k, int m,
-          const std::function<void(int, const std::string&)>& after_copy = {})
+          const std::function<void(int, const std::string&)>& after_copy = {}, double cpu_share = 0)
       : root_("/dev/shm/trireme-test-keeper-" + std::to_string(::getpid())) {
     fs::remove_all(root_);
     c10d::TCPStoreOptions options;
@@ -105,7 +105,7 @@ class Cluster {
                                                                   trireme::ft::CheckpointLayout{"dp", 1, 1, 1, 0, r}));
       std::function<void(const std::string&)> hook;
       if (after_copy) hook = [after_copy, i](const std::string& dir) { after_copy(static_cast<int>(i), dir); };
-      machine.keeper = std::make_unique<ParityKeeper>(k, m, hook);
+      machine.keeper = std::make_unique<ParityKeeper>(k, m, cpu_share, hook);
       machines_.push_back(std::move(machine));
     }
   }
@@ -305,4 +305,25 @@ TEST(ParityKeeper, TooFewMachinesProtectNothingAndSaySo) {
   ASSERT_TRUE(wait_until([&] { return !cluster[0].keeper->stats().error.empty(); }));
   EXPECT_NE(cluster[0].keeper->stats().error.find("--redundancy 2+1 needs more than 1 machines"), std::string::npos);
   EXPECT_EQ(cluster[0].keeper->protected_step(), 0);
+}
+
+TEST(ParityKeeper, RoundsAreSpacedByTheirCpuShare) {
+  // A share so small that the round after the first waits (CPU ms per round) x 1e9 ms:
+  // the newer step is not protected, and stop() still returns at once.
+  Cluster cluster({{0}, {1}, {2}}, 2, 1, {}, 1e-9);
+  cluster.take(1);
+  cluster.start(1, {0, 1, 2});
+  ASSERT_TRUE(cluster.all_protected({0, 1, 2}, 1));
+  cluster.take(2);
+  cluster.take(3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rounds poll every 25 ms
+  for (int node = 0; node < 3; ++node) {
+    EXPECT_EQ(cluster[node].keeper->protected_step(), 1);
+    const trireme::ft::KeeperStats stats = cluster[node].keeper->stats();
+    ASSERT_EQ(stats.round_cpu_ms.size(), 1u);
+    EXPECT_GT(stats.round_cpu_ms[0], 0.0);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  on_machines({0, 1, 2}, [&](int node) { cluster[node].keeper->stop(); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }

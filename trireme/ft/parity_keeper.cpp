@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -184,6 +185,13 @@ std::set<std::string> split_keys(const std::vector<uint8_t>& bytes) {
   return keys;
 }
 
+// CPU time of the calling thread, ms.
+double thread_cpu_ms() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+
 // A client of the rendezvous store, its keys under `prefix`.
 dist::Store connect_store(const KeeperGeneration& g, const std::string& prefix) {
   c10d::TCPStoreOptions options;
@@ -252,8 +260,8 @@ struct RoundCopy {
 
 }  // namespace
 
-ParityKeeper::ParityKeeper(int k, int m, std::function<void(const std::string&)> after_copy)
-    : k_(k), m_(m), after_copy_(std::move(after_copy)) {
+ParityKeeper::ParityKeeper(int k, int m, double cpu_share, std::function<void(const std::string&)> after_copy)
+    : k_(k), m_(m), cpu_share_(cpu_share), after_copy_(std::move(after_copy)) {
   TRIREME_CHECK(k >= 1 && m >= 0, "--redundancy needs K >= 1 and M >= 0, got ", k, "+", m);
 }
 
@@ -308,18 +316,18 @@ bool ParityKeeper::flush(double timeout_s) {
 
 std::string ParityKeeper::summary() const {
   const KeeperStats s = stats();
-  if (s.rounds == 0) return "";
+  if (s.rounds == 0 && s.skipped == 0) return "";
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return v.empty() ? 0.0 : v[v.size() / 2];
   };
   char line[400];
   std::snprintf(line, sizeof line,
                 "snapshot redundancy: %d round%s protected (newest step %lld, %d skipped); median copy %.1f ms, "
-                "exchange %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity "
+                "exchange %.1f ms, CPU %.1f ms per round; this machine holds a %.2f MiB copy and %.2f MiB of parity "
                 "(%.2f MiB of the copy is on every machine of its group, so not coded)",
                 s.rounds, s.rounds == 1 ? "" : "s", static_cast<long long>(s.protected_step), s.skipped,
-                median(s.round_copy_ms), median(s.round_exchange_ms), s.copy_bytes / 1048576.0,
+                median(s.round_copy_ms), median(s.round_exchange_ms), median(s.round_cpu_ms), s.copy_bytes / 1048576.0,
                 s.parity_bytes / 1048576.0, s.replicated_bytes / 1048576.0);
   return line;
 }
@@ -357,10 +365,11 @@ void ParityKeeper::run(const KeeperGeneration& g) {
     // Only steps newer than any protected before: a protected step may be in use (the
     // workers of this generation resuming from what recover() rebuilt there).
     int64_t tried = std::max(protected_step(), floor_);
+    double not_before_us = 0;  // the CPU share's spacing (cpu_share_)
     for (int round = 0;; ++round) {
-      // 1. A newer step here.
+      // 1. A newer step here, and the round's turn.
       int64_t newest = 0;
-      while (newest_common_step(g, /*listed_only=*/true) <= tried ||
+      while (obs::now_us() < not_before_us || newest_common_step(g, /*listed_only=*/true) <= tried ||
              (newest = newest_common_step(g, /*listed_only=*/false)) <= tried) {
         if (stop_) return;
         std::this_thread::sleep_for(kPoll);
@@ -374,7 +383,12 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       const int64_t step = *agreed;
       // 3. Copy, and the keys of the copy's slices.
       if (stop_) return;
-      const double copy_start = obs::now_us();
+      const double copy_start = obs::now_us(), cpu_start = thread_cpu_ms();
+      const auto spaced = [&] {  // the round's CPU time sets the next one's earliest start
+        const double cpu_ms = thread_cpu_ms() - cpu_start;
+        if (cpu_share_ > 0) not_before_us = copy_start + cpu_ms * 1e3 / cpu_share_;
+        return cpu_ms;
+      };
       RoundCopy copy{root + "/.tmp-" + std::to_string(step)};
       fs::remove_all(copy.path);
       bool copied = step > tried;  // never over a protected step (see above)
@@ -404,6 +418,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       tried = step;
       if (!copied) {
         fs::remove_all(copy.path);
+        spaced();
         std::lock_guard<std::mutex> lock(mutex_);
         ++stats_.skipped;
         continue;
@@ -439,6 +454,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         if (older != step) fs::remove_all(root + "/" + std::to_string(older));
       uint64_t parity_bytes = 0;
       for (const auto& [where, block] : held.parity) parity_bytes += block.size();
+      const double cpu_ms = spaced();
       auto state = std::make_unique<Committed>();
       *state = {step, g.members, std::move(files), std::move(keys), std::move(held)};
       std::lock_guard<std::mutex> lock(mutex_);
@@ -447,6 +463,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       stats_.protected_step = step;
       stats_.round_copy_ms.push_back(copy_ms);
       stats_.round_exchange_ms.push_back(exchange_ms);
+      stats_.round_cpu_ms.push_back(cpu_ms);
       stats_.copy_bytes = copy_bytes;
       stats_.replicated_bytes = replicated_bytes;
       stats_.parity_bytes = parity_bytes;

@@ -70,6 +70,7 @@ struct KeeperStats {
   // Every committed round's copy and verification, and its serialization, parity exchange
   // and commit barrier, in order.
   std::vector<double> round_copy_ms, round_exchange_ms;
+  std::vector<double> round_cpu_ms;  // the keeper thread's CPU time per round (copy to commit)
   uint64_t copy_bytes = 0;     // the protected copy (files under AREA/protected/<step>/)
   uint64_t replicated_bytes = 0;  // of it, slices every machine of the group holds: not coded
   uint64_t parity_bytes = 0;   // parity blocks held in memory
@@ -81,7 +82,10 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   // k data and m parity blocks per codeword (--redundancy K+M); m = 0 copies snapshots to
   // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt. `after_copy(dir)`
   // runs after a rank's snapshot DIR is copied, before the copy is checked (a test seam).
-  ParityKeeper(int k, int m, std::function<void(const std::string&)> after_copy = {});
+  // cpu_share (--redundancy-cpu): after a round that took C seconds of this thread's CPU
+  // time, the next starts no sooner than C / cpu_share seconds after the last began (0: no
+  // wait).
+  ParityKeeper(int k, int m, double cpu_share = 0, std::function<void(const std::string&)> after_copy = {});
   ~ParityKeeper() override;  // stops
   ParityKeeper(const ParityKeeper&) = delete;
   ParityKeeper& operator=(const ParityKeeper&) = delete;
@@ -107,6 +111,7 @@ class ParityKeeper final : public launch::SnapshotKeeper {
                                           const launch::KeeperGeneration& next);
 
   const int k_, m_;
+  const double cpu_share_;
   const std::function<void(const std::string&)> after_copy_;
   mutable std::mutex mutex_;             // guards committed_ and stats_
   std::unique_ptr<Committed> committed_;

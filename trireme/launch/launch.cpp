@@ -29,7 +29,7 @@ LaunchResult launch(const LaunchOptions& options) {
   std::unique_ptr<ft::ParityKeeper> keeper;
   if (!options.redundancy.empty()) {
     const auto [k, m] = ft::RedundancyPlan::parse(options.redundancy);
-    keeper = std::make_unique<ft::ParityKeeper>(k, m);
+    keeper = std::make_unique<ft::ParityKeeper>(k, m, options.redundancy_cpu);
     // The keeper's Gloo group binds the address on the route to the rendezvous host, as
     // the workers' groups do (dist/gloo/backend.cpp reads MASTER_ADDR).
     ::setenv("MASTER_ADDR", options.rdzv_host.c_str(), /*overwrite=*/0);

@@ -43,6 +43,10 @@ struct LaunchOptions {
   // Erasure-coded snapshot redundancy across machines ("K+M", e.g. "2+1"; "" none):
   // given to the SnapshotKeeper (snapshot_keeper.h) that launch() builds.
   std::string redundancy;
+  // The share of one core each machine's keeper may use on average: it spaces its rounds
+  // so that its CPU time per round over the time since the last one stays within it (0:
+  // a round whenever a newer snapshot step exists).
+  double redundancy_cpu = 0.05;
   // How long node 0 keeps the store up after its own workers finished, waiting for the
   // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
   double exit_barrier_timeout_s = 300;
