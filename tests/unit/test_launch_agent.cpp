@@ -79,6 +79,17 @@ LaunchOptions sh_options(int nproc, const std::string& script) {
   return o;
 }
 
+// Node 0 of an elastic job of up to 2 nodes whose node 1 vanishes: it is lost after 0.5 s.
+LaunchOptions one_node_left_options(const std::string& script, int max_restarts) {
+  LaunchOptions o = sh_options(1, script);
+  o.nnodes = 2;
+  o.nnodes_min = 1;
+  o.max_restarts = max_restarts;
+  o.node_timeout_s = 0.5;
+  o.rdzv_port = 1234;
+  return o;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -179,14 +190,10 @@ TEST(LaunchAgent, ElasticJobGoesOnWithoutASilentNode) {
   MemoryChannel channel;
   CapturedIo io;
   channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
-  LaunchOptions o = sh_options(
-      1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE rank=$RANK; "
-         "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then exit 0; fi; exec sleep 30");
-  o.nnodes = 2;
-  o.nnodes_min = 1;
-  o.max_restarts = 1;
-  o.node_timeout_s = 0.5;
-  o.rdzv_port = 1234;
+  const LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE rank=$RANK; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then exit 0; fi; exec sleep 30",
+      1);
   const auto start = Clock::now();
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
   EXPECT_LT(seconds_since(start), 10.0);
@@ -227,13 +234,8 @@ TEST(LaunchAgent, JoinRequestWithoutARestartLeftLetsTheWorkersFinish) {
   MemoryChannel channel;
   CapturedIo io;
   channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
-  LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then sleep 1; echo finished; exit 0; fi; "
-                                  "exec sleep 30");
-  o.nnodes = 2;
-  o.nnodes_min = 1;
-  o.max_restarts = 1;
-  o.node_timeout_s = 0.5;
-  o.rdzv_port = 1234;
+  const LaunchOptions o = one_node_left_options(
+      "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then sleep 1; echo finished; exit 0; fi; exec sleep 30", 1);
   std::thread joiner([&] {  // once generation 1 runs without node 1, node 1 asks back in
     if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
     channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
@@ -264,14 +266,10 @@ struct JoinAtTheEnd {
   JoinAtTheEnd() {
     ::unlink(go.c_str());
     channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
-    o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT; if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then "
-                      "while [ ! -e " + go + " ]; do sleep 0.02; done; echo finished; fi; "
-                      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
-    o.nnodes = 2;
-    o.nnodes_min = 1;
-    o.max_restarts = 2;
-    o.node_timeout_s = 0.5;
-    o.rdzv_port = 1234;
+    o = one_node_left_options("echo gen=$TORCHELASTIC_RESTART_COUNT; if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then "
+                              "while [ ! -e " + go + " ]; do sleep 0.02; done; echo finished; fi; "
+                              "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi",
+                              2);
   }
   ~JoinAtTheEnd() { ::unlink(go.c_str()); }
 
