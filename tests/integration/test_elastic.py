@@ -79,7 +79,9 @@ def last_step(out):
         return 0  # a line being written
 
 
-class Elastic(unittest.TestCase):
+class ElasticBase(unittest.TestCase):
+    """Agents on this host, one per emulated machine, and the checks the tests share."""
+
     def setUp(self):
         self.dir = temp_dir()
         self.areas = os.path.join(self.dir, "snapshot-areas")
@@ -187,6 +189,8 @@ class Elastic(unittest.TestCase):
         print(f"{what}: max |loss - uninterrupted loss| over {self.steps} steps = {diff:.3g}")
         self.assertLess(diff, LOSS_TOLERANCE)
 
+
+class Elastic(ElasticBase):
     def test_lose_a_machine_and_grow_back(self):
         # Long enough that the job is still running when the replacement has started and
         # asked to join (a node that arrives after the end is told so and does not join).

@@ -308,7 +308,7 @@ TEST(ParityKeeper, TooFewMachinesProtectNothingAndSaySo) {
 }
 
 TEST(ParityKeeper, RoundsAreSpacedByTheirCpuShare) {
-  // A share so small that the round after the first waits (CPU ms per round) x 1e9 ms:
+  // A share so small that the round after the first waits (the keeper's CPU ms) x 1e9 ms:
   // the newer step is not protected, and stop() still returns at once.
   Cluster cluster({{0}, {1}, {2}}, 2, 1, {}, 1e-9);
   cluster.take(1);
@@ -323,6 +323,11 @@ TEST(ParityKeeper, RoundsAreSpacedByTheirCpuShare) {
     ASSERT_EQ(stats.round_cpu_ms.size(), 1u);
     EXPECT_GT(stats.round_cpu_ms[0], 0.0);
   }
+  // A flush on one machine (a preemption notice there) lifts the share on all of them.
+  EXPECT_TRUE(cluster[1].keeper->flush(60));
+  EXPECT_TRUE(cluster.all_protected({0, 1, 2}, 3));
+  cluster.take(4);
+  EXPECT_TRUE(cluster.all_protected({0, 1, 2}, 4));  // and for the rest of the generation
   const auto start = std::chrono::steady_clock::now();
   on_machines({0, 1, 2}, [&](int node) { cluster[node].keeper->stop(); });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));

@@ -270,6 +270,7 @@ struct JoinAtTheEnd {
                               "while [ ! -e " + go + " ]; do sleep 0.02; done; echo finished; fi; "
                               "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi",
                               2);
+    o.join_timeout_s = 10;  // (a decision that never came would show as a 10 s wait)
   }
   ~JoinAtTheEnd() { ::unlink(go.c_str()); }
 
@@ -303,7 +304,9 @@ TEST(LaunchAgent, AJoinAfterAnotherNodeFinishedIsNotTaken) {
   JoinAtTheEnd job;
   bool claimed = false;
   const LaunchResult result = job.run([&] {
-    job.channel.add(keys::generation_end(1), keys::kFinished);  // another node's workers finished
+    // Another node's workers finished first, and it decided.
+    job.channel.add(keys::generation_end(1), keys::kFinished);
+    job.channel.set(keys::generation_end(1) + "/decision", "finish");
     job.ask_to_join();
     // The agent sees the request and claims the end after the finish: it must not restart.
     claimed = job.wait_until([&] {

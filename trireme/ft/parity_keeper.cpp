@@ -121,24 +121,31 @@ int64_t newest_common_step(const KeeperGeneration& g, bool listed_only) {
 struct FileStamp {
   dev_t device = 0;
   ino_t inode = 0;
-  int64_t mtime_ns = 0, bytes = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0, bytes = 0;
   bool operator==(const FileStamp& o) const {
-    return device == o.device && inode == o.inode && mtime_ns == o.mtime_ns && bytes == o.bytes;
+    return device == o.device && inode == o.inode && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns &&
+           bytes == o.bytes;
   }
 };
 
 std::optional<FileStamp> stamp(const std::string& path) {
   struct stat s {};
   if (::stat(path.c_str(), &s) != 0) return std::nullopt;
-  return FileStamp{s.st_dev, s.st_ino, static_cast<int64_t>(s.st_mtim.tv_sec) * 1000000000 + s.st_mtim.tv_nsec,
-                   static_cast<int64_t>(s.st_size)};
+  const auto ns = [](const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec; };
+  return FileStamp{s.st_dev, s.st_ino, ns(s.st_mtim), ns(s.st_ctim), static_cast<int64_t>(s.st_size)};
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // Copies the snapshot directory `from` (of step `step`) to `to`. "" when the copy is whole,
 // else why not. A worker reuses a snapshot's slot for the snapshot three steps later, and
 // removes the manifest before it writes a byte of the slot (ft/snapshot.h), so a copy is
 // torn exactly when the manifest it started from is gone or replaced once it is done:
-// checked without reading the data again. (Its CRCs are checked where it is read: when
+// checked without reading the data again, by the manifest's identity (inode, times, size)
+// and its bytes (an inode can be reused where the area is not on tmpfs). (Its CRCs are checked where it is read: when
 // the workers resume from it or a rebuild writes it.) `between` runs between the copy and
 // that check (a test seam).
 std::string copy_snapshot(const std::string& from, const std::string& to, int64_t step,
@@ -146,13 +153,15 @@ std::string copy_snapshot(const std::string& from, const std::string& to, int64_
   try {
     const std::string manifest = from + "/manifest.json";
     const std::optional<FileStamp> before = stamp(manifest);
+    const std::string text = file_text(manifest);
     if (!before) return from + ": no longer complete";
     fs::create_directories(to);
     for (const char* name : kSnapshotFiles)
       fs::copy_file(from + "/" + name, to + "/" + name, fs::copy_options::overwrite_existing);
     if (between) between(from);
     const std::optional<FileStamp> after = stamp(manifest);
-    if (!after || !(*after == *before)) return from + ": replaced while it was copied";
+    if (!after || !(*after == *before) || file_text(to + "/manifest.json") != text)
+      return from + ": replaced while it was copied";
     const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/false);
     if (copy.step() != step) return to + ": holds step " + std::to_string(copy.step());
     return "";
@@ -270,6 +279,7 @@ ParityKeeper::~ParityKeeper() { stop(); }
 void ParityKeeper::start(const KeeperGeneration& g) {
   stop();
   stop_ = false;
+  hurry_ = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.error.clear();
@@ -301,6 +311,7 @@ KeeperStats ParityKeeper::stats() const {
 
 bool ParityKeeper::flush(double timeout_s) {
   if (!thread_.joinable()) return false;
+  hurry_ = true;
   const int64_t target = newest_common_step(current_, /*listed_only=*/false);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -365,11 +376,25 @@ void ParityKeeper::run(const KeeperGeneration& g) {
     // Only steps newer than any protected before: a protected step may be in use (the
     // workers of this generation resuming from what recover() rebuilt there).
     int64_t tried = std::max(protected_step(), floor_);
-    double not_before_us = 0;  // the CPU share's spacing (cpu_share_)
+    // The CPU share: this thread's CPU time since its set-up, over the share, is the
+    // earliest wall time of the next round (the first goes at once). A flush (here or, through the store, on another
+    // machine: a machine leaving on a preemption notice) lifts it for the generation.
+    const double start_us = obs::now_us(), start_cpu_ms = thread_cpu_ms();
+    bool hurried = false;
+    const auto spaced = [&](int round) {  // whether the share holds round `round` back now
+      if (cpu_share_ <= 0 || hurried || round == 0) return false;
+      if (hurry_) store->set("hurry", std::vector<uint8_t>{'1'});
+      if (hurry_ || obs::now_us() >= start_us + (thread_cpu_ms() - start_cpu_ms) * 1e3 / cpu_share_) {
+        hurried = hurry_;
+        return false;
+      }
+      hurried = store->check({"hurry"});
+      return !hurried;
+    };
     for (int round = 0;; ++round) {
       // 1. A newer step here, and the round's turn.
       int64_t newest = 0;
-      while (obs::now_us() < not_before_us || newest_common_step(g, /*listed_only=*/true) <= tried ||
+      while (spaced(round) || newest_common_step(g, /*listed_only=*/true) <= tried ||
              (newest = newest_common_step(g, /*listed_only=*/false)) <= tried) {
         if (stop_) return;
         std::this_thread::sleep_for(kPoll);
@@ -384,11 +409,6 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       // 3. Copy, and the keys of the copy's slices.
       if (stop_) return;
       const double copy_start = obs::now_us(), cpu_start = thread_cpu_ms();
-      const auto spaced = [&] {  // the round's CPU time sets the next one's earliest start
-        const double cpu_ms = thread_cpu_ms() - cpu_start;
-        if (cpu_share_ > 0) not_before_us = copy_start + cpu_ms * 1e3 / cpu_share_;
-        return cpu_ms;
-      };
       RoundCopy copy{root + "/.tmp-" + std::to_string(step)};
       fs::remove_all(copy.path);
       bool copied = step > tried;  // never over a protected step (see above)
@@ -418,7 +438,6 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       tried = step;
       if (!copied) {
         fs::remove_all(copy.path);
-        spaced();
         std::lock_guard<std::mutex> lock(mutex_);
         ++stats_.skipped;
         continue;
@@ -454,7 +473,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         if (older != step) fs::remove_all(root + "/" + std::to_string(older));
       uint64_t parity_bytes = 0;
       for (const auto& [where, block] : held.parity) parity_bytes += block.size();
-      const double cpu_ms = spaced();
+      const double cpu_ms = thread_cpu_ms() - cpu_start;
       auto state = std::make_unique<Committed>();
       *state = {step, g.members, std::move(files), std::move(keys), std::move(held)};
       std::lock_guard<std::mutex> lock(mutex_);

@@ -70,7 +70,7 @@ struct KeeperStats {
   // Every committed round's copy and verification, and its serialization, parity exchange
   // and commit barrier, in order.
   std::vector<double> round_copy_ms, round_exchange_ms;
-  std::vector<double> round_cpu_ms;  // the keeper thread's CPU time per round (copy to commit)
+  std::vector<double> round_cpu_ms;  // the keeper thread's CPU time per committed round (copy to commit)
   uint64_t copy_bytes = 0;     // the protected copy (files under AREA/protected/<step>/)
   uint64_t replicated_bytes = 0;  // of it, slices every machine of the group holds: not coded
   uint64_t parity_bytes = 0;   // parity blocks held in memory
@@ -82,9 +82,10 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   // k data and m parity blocks per codeword (--redundancy K+M); m = 0 copies snapshots to
   // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt. `after_copy(dir)`
   // runs after a rank's snapshot DIR is copied, before the copy is checked (a test seam).
-  // cpu_share (--redundancy-cpu): after a round that took C seconds of this thread's CPU
-  // time, the next starts no sooner than C / cpu_share seconds after the last began (0: no
-  // wait).
+  // cpu_share (--redundancy-cpu): a round after the first starts no sooner than T /
+  // cpu_share after the keeper's thread set up, T being that thread's CPU time since (rounds and polling;
+  // not Gloo's own I/O threads); 0: no wait. flush() lifts it for the generation, on every
+  // machine.
   ParityKeeper(int k, int m, double cpu_share = 0, std::function<void(const std::string&)> after_copy = {});
   ~ParityKeeper() override;  // stops
   ParityKeeper(const ParityKeeper&) = delete;
@@ -118,6 +119,7 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   KeeperStats stats_;
   bool warned_ = false;                  // the line about too few machines was printed
   std::atomic<bool> stop_{false};
+  std::atomic<bool> hurry_{false};  // flush(): rounds no longer wait for the CPU share
   std::thread thread_;
   launch::KeeperGeneration current_;  // the generation last started
   int64_t floor_ = 0;       // this generation protects only steps newer than this (start())

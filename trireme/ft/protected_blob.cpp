@@ -107,8 +107,20 @@ std::string slice_key(const Checkpoint::SliceRecord& slice) {
 
 std::set<std::string> slice_keys(const std::string& root, const std::vector<std::string>& paths) {
   std::set<std::string> keys;
-  for (const std::string& top : tops_of(paths))
-    for (const auto& [file, slice] : slices_by_file(root, top)) keys.insert(slice_key(slice));
+  for (const std::string& top : tops_of(paths)) {
+    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> spans;  // by file: (offset, end)
+    for (const auto& [file, slice] : slices_by_file(root, top)) {
+      keys.insert(slice_key(slice));
+      spans[file].emplace_back(slice.offset, slice.offset + slice.bytes);
+    }
+    // What serialize_blob relies on, checked here, before any machine commits to a round.
+    for (auto& [file, mine] : spans) {
+      std::sort(mine.begin(), mine.end());
+      for (size_t i = 1; i < mine.size(); ++i)
+        if (mine[i - 1].second > mine[i].first)
+          TRIREME_THROW(CheckpointCorrupt, root, "/", file, ": its manifest's slices overlap");
+    }
+  }
   return keys;
 }
 
@@ -222,21 +234,25 @@ std::vector<std::string> write_blob(const std::vector<uint8_t>& blob, const std:
       fs::remove_all(root + "/" + top);
       tops.push_back(top);
     }
-    std::vector<uint8_t> bytes(size);
-    uint64_t at = 0;
-    for (const Hole& hole : holes) {
-      std::memcpy(bytes.data() + at, data, hole.offset - at);
-      data += hole.offset - at;
-      if (!fill(hole.key, bytes.data() + hole.offset, hole.bytes))
-        TRIREME_THROW(CheckpointCorrupt, "rebuilding ", path, ": no copy of the replicated slice ", hole.key,
-                      " here to fill it from");
-      at = hole.offset + hole.bytes;
-    }
-    std::memcpy(bytes.data() + at, data, size - at);
     const fs::path target = fs::path(root) / path;
     fs::create_directories(target.parent_path());
     std::ofstream out(target, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    const auto write = [&](const uint8_t* from, uint64_t n) {
+      out.write(reinterpret_cast<const char*>(from), static_cast<std::streamsize>(n));
+    };
+    uint64_t at = 0;
+    std::vector<uint8_t> slice;  // one hole's bytes at a time
+    for (const Hole& hole : holes) {
+      write(data, hole.offset - at);
+      data += hole.offset - at;
+      slice.resize(hole.bytes);
+      if (!fill(hole.key, slice.data(), hole.bytes))
+        TRIREME_THROW(CheckpointCorrupt, "rebuilding ", path, ": no copy of the replicated slice ", hole.key,
+                      " here to fill it from");
+      write(slice.data(), hole.bytes);
+      at = hole.offset + hole.bytes;
+    }
+    write(data, size - at);
     out.close();
     if (!out) TRIREME_THROW(Error, "cannot write ", target.string());
   }

@@ -37,7 +37,8 @@ namespace trireme::ft {
 std::string slice_key(const Checkpoint::SliceRecord& slice);
 
 // The keys of every slice of the snapshots under ROOT/<top>/ for the top directories of
-// `paths` (from their manifests; no data read).
+// `paths` (from their manifests; no data read). Throws CheckpointCorrupt when a manifest
+// does not open or lists overlapping slices.
 std::set<std::string> slice_keys(const std::string& root, const std::vector<std::string>& paths);
 
 // The blob of the files `paths` under `root`, each slice whose key is in `left_out` a hole.

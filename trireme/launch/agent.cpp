@@ -127,7 +127,13 @@ struct Event {
   Ending ending;
   std::string what;  // the failure, for every ending but kAllExited
   int signal = 0;
+  bool silent = false;  // kNodeLost: the member's heartbeat stopped (not a preemption notice)
 };
+
+// How long workers get to finish their step when a restart is for a member whose heartbeat
+// stopped: their collectives with that machine wait for their own time-out, so the full
+// --stop-grace would only delay the restart.
+constexpr double kSilentLossGrace = 0.5;
 
 struct Worker {
   int local_rank = 0;
@@ -306,7 +312,9 @@ LaunchResult Agent::run() {
 // for a joiner a moment before (they could not see it yet): the first agent to finish
 // decides from the claims made before it (keys::generation_end) and publishes that; claims
 // after it are ignored by their makers. So no agent waits for a finish while another waits
-// for a restart.
+// for a restart for a join. (Not arbitrated: a restart for a failure or a lost member. A
+// node whose workers finished exits, and one still running would count it lost only after
+// --node-timeout, which lock-stepped workers do not leave between their ends.)
 Event Agent::finished_or_restarted() {
   const Event finished{Ending::kAllExited, ""};
   const Event restarted{Ending::kRemoteRestart, "a node asks to join (seen on another node before the workers here "
@@ -367,14 +375,17 @@ KeeperGeneration Agent::keeper_generation() const {
 // Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
 std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
   failure_seen_ = Clock::now();
+  bool silent = cause.silent;
   try {
+    if (silent) channel_.set(keys::restart_silent(generation), "1");
     if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation)))
       channel_.set(keys::restart(generation), cause.what);
+    silent = silent || channel_.try_get(keys::restart_silent(generation)).has_value();
   } catch (const Error& e) {
     stop_workers(options_.stop_grace_s);
     return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
   }
-  stop_workers(options_.stop_grace_s);
+  stop_workers(silent ? std::min(options_.stop_grace_s, kSilentLossGrace) : options_.stop_grace_s);
   reap();
   const auto ready = std::count_if(standby_.begin(), standby_.end(),
                                    [&](const Worker& w) { return w.running && w.generation == generation; });
@@ -791,7 +802,7 @@ std::optional<Event> Agent::watch_nodes() {
     if (id == options_.node_rank) continue;
     if (channel_.try_get(keys::left(id)))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
-    if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s)};
+    if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
   }
   // (Not once a worker has finished: the job is ending, a new generation would redo
   // nothing; nor without a restart left: the joiner waits until its --join-timeout.)

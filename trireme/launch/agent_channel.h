@@ -16,6 +16,9 @@
 //                           agent stops its workers and starts generation G
 //   trireme/restart/G/stopped  counter; each agent adds 1 once its workers are gone
 //   trireme/restart/G/in/N  agent N's workers of generation G-1 are gone (its check-in)
+//   trireme/restart/G/silent  set before restart/G when the restart is for a member whose
+//                           heartbeat stopped: workers get a short grace (they cannot
+//                           finish a step whose collectives wait on that machine)
 //   trireme/restart/G/members  the node ids of generation G ("0,2"), set by the first
 //                           agent to check in (the leader) once every member of G-1 has
 //                           checked in, left, or been lost; "" when too few remain
@@ -66,6 +69,7 @@ inline std::string restart_in(int generation, int node) {
   return restart(generation) + "/in/" + std::to_string(node);
 }
 inline std::string restart_members(int generation) { return restart(generation) + "/members"; }
+inline std::string restart_silent(int generation) { return restart(generation) + "/silent"; }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
 inline constexpr const char* kGeneration = "trireme/generation";
