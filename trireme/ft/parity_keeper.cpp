@@ -61,6 +61,9 @@ constexpr std::chrono::seconds kGroupTimeout{30};
 // How often a round looks for a new snapshot step or at the other machines' readiness,
 // and so how soon it sees the stop flag there.
 constexpr std::chrono::milliseconds kPoll{25};
+// How often a round held back by the CPU share looks for a flush on another machine (its
+// own stop and flush wake it at once).
+constexpr std::chrono::milliseconds kHeldBackPoll{200};
 // The files of a one-rank snapshot (ft/snapshot.h), the manifest last as its writer does:
 // a rebuild cut short leaves a directory without a manifest, never a manifest over
 // missing data.
@@ -295,7 +298,11 @@ void ParityKeeper::start(const KeeperGeneration& g) {
 }
 
 void ParityKeeper::stop() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -311,7 +318,11 @@ KeeperStats ParityKeeper::stats() const {
 
 bool ParityKeeper::flush(double timeout_s) {
   if (!thread_.joinable()) return false;
-  hurry_ = true;
+  {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    hurry_ = true;
+  }
+  wake_.notify_all();
   const int64_t target = newest_common_step(current_, /*listed_only=*/false);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -381,22 +392,36 @@ void ParityKeeper::run(const KeeperGeneration& g) {
     // machine: a machine leaving on a preemption notice) lifts it for the generation.
     const double start_us = obs::now_us(), start_cpu_ms = thread_cpu_ms();
     bool hurried = false;
-    const auto spaced = [&](int round) {  // whether the share holds round `round` back now
-      if (cpu_share_ <= 0 || hurried || round == 0) return false;
-      if (hurry_) store->set("hurry", std::vector<uint8_t>{'1'});
-      if (hurry_ || obs::now_us() >= start_us + (thread_cpu_ms() - start_cpu_ms) * 1e3 / cpu_share_) {
-        hurried = hurry_;
-        return false;
+    // How long the share still holds round `round` back, in microseconds (0: not).
+    const auto held_back_us = [&](int round) -> double {
+      if (cpu_share_ <= 0 || hurried || round == 0) return 0;
+      if (hurry_) {
+        store->set("hurry", std::vector<uint8_t>{'1'});
+        hurried = true;
+        return 0;
       }
+      const double left = start_us + (thread_cpu_ms() - start_cpu_ms) * 1e3 / cpu_share_ - obs::now_us();
+      if (left <= 0) return 0;
       hurried = store->check({"hurry"});
-      return !hurried;
+      return hurried ? 0 : left;
     };
     for (int round = 0;; ++round) {
-      // 1. A newer step here, and the round's turn.
+      // 1. The round's turn (held back: sleep in long slices, so that waiting costs little
+      // of the share), then a newer step here.
       int64_t newest = 0;
-      while (spaced(round) || newest_common_step(g, /*listed_only=*/true) <= tried ||
-             (newest = newest_common_step(g, /*listed_only=*/false)) <= tried) {
+      while (true) {
         if (stop_) return;
+        if (const double held = held_back_us(round); held > 0) {
+          std::unique_lock<std::mutex> lock(wake_mutex_);
+          wake_.wait_for(lock,
+                         std::min<std::chrono::microseconds>(std::chrono::microseconds(static_cast<int64_t>(held)),
+                                                             kHeldBackPoll),
+                         [&] { return stop_ || hurry_; });
+          continue;
+        }
+        if (newest_common_step(g, /*listed_only=*/true) > tried &&
+            (newest = newest_common_step(g, /*listed_only=*/false)) > tried)
+          break;
         std::this_thread::sleep_for(kPoll);
       }
       // 2. The round's step: the oldest of the machines' newest.

@@ -50,6 +50,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -120,6 +121,8 @@ class ParityKeeper final : public launch::SnapshotKeeper {
   bool warned_ = false;                  // the line about too few machines was printed
   std::atomic<bool> stop_{false};
   std::atomic<bool> hurry_{false};  // flush(): rounds no longer wait for the CPU share
+  std::mutex wake_mutex_;            // with wake_: stop() and flush() end a held-back wait
+  std::condition_variable wake_;
   std::thread thread_;
   launch::KeeperGeneration current_;  // the generation last started
   int64_t floor_ = 0;       // this generation protects only steps newer than this (start())
