@@ -2,10 +2,11 @@
 // snapshot area written by real Snapshotters, its keeper's Gloo group on loopback and a
 // real TCPStore hosted here. After the keepers protect the newest step, a lost machine's
 // protected copy is rebuilt byte for byte on a survivor, the slices every machine holds
-// left out of the coding and filled from the survivor's own copy; losing more than the
-// parity allows is reported, not attempted; a copy torn by its slot's reuse is never
-// committed.
+// left out of the coding and filled from the survivor's own copy; the copy is the workers'
+// own files, held against reuse while the workers go on; losing more than the parity
+// allows is reported, not attempted; a copy torn by its slot's reuse is never committed.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -56,6 +57,12 @@ std::vector<SavedPiece> state_of(int rank, int64_t step) {
 std::string contents(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+ino_t inode(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
 }
 
 bool wait_until(const std::function<bool()>& done, std::chrono::seconds limit = std::chrono::seconds(60)) {
@@ -202,6 +209,16 @@ TEST(ParityKeeper, RebuildsALostMachineOnASurvivor) {
     EXPECT_FALSE(fs::exists(cluster[node].area + "/protected/4"));
   }
   on_machines({0, 1, 2}, [&](int node) { cluster[node].keeper->stop(); });
+  // The protected copy is the workers' own files, held, not copied; the workers go on
+  // past it without writing them (step 8 would reuse step 5's slot).
+  for (int node = 0; node < 3; ++node)
+    for (int rank : cluster[node].ranks) {
+      const std::string name = "/rank-" + std::to_string(rank);
+      EXPECT_EQ(inode(cluster[node].area + "/protected/5" + name + "/data.bin"),
+                inode(cluster[node].area + name + "/5/data.bin"))
+          << "node " << node << name;
+    }
+  for (int64_t s = 6; s <= 8; ++s) cluster.take(s);
 
   std::vector<std::string> lost_files;
   for (const char* rank : {"rank-2", "rank-3"})

@@ -1,6 +1,9 @@
-// Snapshotter (ft/snapshot.h): three reused shared-memory slots, a crash before the commit
-// leaves the two snapshots before it, and what was taken reads back exactly.
+// Snapshotter (ft/snapshot.h): three reused shared-memory slots (more while the agent holds
+// some, which are not written), a crash before the commit leaves the two snapshots before
+// it, and what was taken reads back exactly.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,6 +67,64 @@ TEST(Snapshotter, KeepsThreeNewestAndReusesTheirFiles) {
   EXPECT_TRUE(snapshots.slots_ready());
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{7, 6, 5}));
   EXPECT_EQ(std::distance(fs::directory_iterator(area.path), fs::directory_iterator{}), 3);
+}
+
+TEST(Snapshotter, ASlotTheAgentHoldsIsNotReused) {
+  // The keeper holds a snapshot by a shared flock on its data file (ft/snapshot.h, "Lent
+  // slots"): later snapshots go to other slots, a new one where none is free, and the held
+  // one stays whole until it is let go. Five slots at most.
+  TempDir area;
+  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
+  at::Tensor weight = at::randn({64, 33});
+  at::Tensor step = at::zeros({1}, at::kLong);
+  std::vector<at::Tensor> taken;
+  const auto take = [&](int64_t s) {
+    weight.add_(1.0);
+    step.fill_(s);
+    taken.push_back(weight.clone());
+    snapshots.take(s, pieces_of(weight, step));
+    snapshots.wait();
+  };
+  std::vector<int> held;
+  const auto hold = [&](int64_t s) {
+    const std::string path = area.path + "/" + std::to_string(s) + "/data.bin";
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << path;
+    ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+    held.push_back(fd);
+  };
+  const auto intact = [&](int64_t s) {
+    const Checkpoint c = Checkpoint::open(area.path + "/" + std::to_string(s), /*verify_data=*/true);
+    return at::equal(c.read("w", {{0, 0}, {64, 33}}), taken[static_cast<size_t>(s - 1)]);
+  };
+  for (int64_t s = 1; s <= 3; ++s) take(s);
+  const ino_t first = inode(area.path + "/1/data.bin");
+  hold(1);
+  take(4);  // slot of step 1 held: a fourth slot
+  EXPECT_NE(inode(area.path + "/4/data.bin"), first);
+  EXPECT_TRUE(intact(1));
+  take(5);  // the slot of step 2 is free
+  EXPECT_TRUE(intact(1));
+  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{5, 4, 3, 1}));
+  hold(3);
+  hold(4);
+  take(6);  // step 2's old slot (now 5) and the newest two are in use: a fifth
+  EXPECT_TRUE(intact(1));
+  EXPECT_TRUE(intact(3));
+  hold(5);
+  try {  // held: 1, 3, 4, 5; the newest two: 5, 6; no slot left and no sixth
+    take(7);
+    ADD_FAILURE() << "a sixth slot was made";
+  } catch (const trireme::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("held by the node agent"), std::string::npos) << e.what();
+  }
+  taken.pop_back();
+  EXPECT_TRUE(intact(1));
+  for (int fd : held) ::close(fd);
+  take(7);  // let go: the oldest slot (step 1's) serves again, no new one
+  EXPECT_EQ(inode(area.path + "/7/data.bin"), first);
+  EXPECT_TRUE(intact(7));
+  EXPECT_FALSE(fs::exists(area.path + "/1"));
 }
 
 TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {

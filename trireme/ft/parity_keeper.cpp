@@ -4,7 +4,10 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -13,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -38,12 +42,48 @@ namespace fs = std::filesystem;
 using launch::KeeperGeneration;
 using launch::KeeperRecovery;
 
+// Snapshot data files held against reuse by a shared flock(2) each (ft/snapshot.h, "Lent
+// slots"): a worker reuses a slot only once it has the file's exclusive lock. Closing the
+// descriptors hands the slots back.
+class HeldFiles {
+ public:
+  HeldFiles() = default;
+  HeldFiles(HeldFiles&& other) noexcept : fds_(std::move(other.fds_)) { other.fds_.clear(); }
+  HeldFiles& operator=(HeldFiles&& other) noexcept {
+    if (this != &other) {
+      release();
+      fds_ = std::move(other.fds_);
+      other.fds_.clear();
+    }
+    return *this;
+  }
+  HeldFiles(const HeldFiles&) = delete;
+  HeldFiles& operator=(const HeldFiles&) = delete;
+  ~HeldFiles() { release(); }
+
+  // Takes ownership of `fd`, locked.
+  void add(int fd) { fds_.push_back(fd); }
+  // Takes over `other`'s descriptors.
+  void add(HeldFiles&& other) {
+    fds_.insert(fds_.end(), other.fds_.begin(), other.fds_.end());
+    other.fds_.clear();
+  }
+  void release() {
+    for (int fd : fds_) ::close(fd);
+    fds_.clear();
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
 struct ParityKeeper::Committed {
   int64_t step = 0;
   std::vector<int> members;        // the generation whose plan `held` follows ({}: none)
   std::vector<std::string> files;  // the blob's files, relative to AREA/protected/<step>/
   std::set<std::string> replicated;  // keys of the slices left out of the blob (protected_blob.h)
   ParityHeld held;
+  HeldFiles files_held;  // the workers' data files linked under AREA/protected/<step>/
 };
 
 namespace {
@@ -143,30 +183,46 @@ std::string file_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Copies the snapshot directory `from` (of step `step`) to `to`. "" when the copy is whole,
-// else why not. A worker reuses a snapshot's slot for the snapshot three steps later, and
-// removes the manifest before it writes a byte of the slot (ft/snapshot.h), so a copy is
-// torn exactly when the manifest it started from is gone or replaced once it is done:
-// checked without reading the data again, by the manifest's identity (inode, times, size)
-// and its bytes (an inode can be reused where the area is not on tmpfs). (Its CRCs are checked where it is read: when
-// the workers resume from it or a rebuild writes it.) `between` runs between the copy and
-// that check (a test seam).
-std::string copy_snapshot(const std::string& from, const std::string& to, int64_t step,
-                          const std::function<void(const std::string&)>& between) {
+// Takes the snapshot directory `from` (of step `step`) into the round's directory `to`
+// without copying its data: a shared flock on its data file, which keeps the worker from
+// reusing that slot (ft/snapshot.h, "Lent slots"), then a hard link to the file and a copy
+// of the manifest. "" when it is whole, and the locked descriptor is added to `held`; else
+// why not. A worker takes a slot's exclusive lock, removes the manifest and renames the
+// directory before it writes a byte of the slot, so once the lock is held here the
+// snapshot is whole exactly when the manifest is still there, unchanged, and the
+// directory still names the locked file: checked by the manifest's identity (inode, times,
+// size) and bytes (an inode can be reused where the area is not on tmpfs) before and
+// after the link. (Its CRCs are checked where it is read: when the workers resume from it
+// or a rebuild writes it.) `between` runs between the link and that check (a test seam).
+// Where the area's file system refuses links, the data is copied, under the lock.
+std::string hold_snapshot(const std::string& from, const std::string& to, int64_t step,
+                          const std::function<void(const std::string&)>& between, HeldFiles& held) {
   try {
-    const std::string manifest = from + "/manifest.json";
+    const std::string manifest = from + "/manifest.json", data = from + "/data.bin";
+    const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return from + ": no longer complete";
+    HeldFiles file;
+    file.add(fd);
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0) return from + ": its slot is being reused";
     const std::optional<FileStamp> before = stamp(manifest);
     const std::string text = file_text(manifest);
-    if (!before) return from + ": no longer complete";
+    struct stat locked {}, named {};
+    if (!before || ::fstat(fd, &locked) != 0 || ::stat(data.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
+        locked.st_dev != named.st_dev)
+      return from + ": no longer complete";
     fs::create_directories(to);
-    for (const char* name : kSnapshotFiles)
-      fs::copy_file(from + "/" + name, to + "/" + name, fs::copy_options::overwrite_existing);
+    if (::link(data.c_str(), (to + "/data.bin").c_str()) != 0) {
+      if (errno != EXDEV && errno != EPERM && errno != EMLINK) return data + ": " + std::strerror(errno);
+      fs::copy_file(data, to + "/data.bin", fs::copy_options::overwrite_existing);
+    }
+    fs::copy_file(manifest, to + "/manifest.json", fs::copy_options::overwrite_existing);
     if (between) between(from);
     const std::optional<FileStamp> after = stamp(manifest);
     if (!after || !(*after == *before) || file_text(to + "/manifest.json") != text)
-      return from + ": replaced while it was copied";
+      return from + ": replaced while it was taken";
     const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/false);
     if (copy.step() != step) return to + ": holds step " + std::to_string(copy.step());
+    held.add(std::move(file));
     return "";
   } catch (const std::exception& e) {
     return e.what();
@@ -437,11 +493,12 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       RoundCopy copy{root + "/.tmp-" + std::to_string(step)};
       fs::remove_all(copy.path);
       bool copied = step > tried;  // never over a protected step (see above)
+      HeldFiles files_held;
       std::vector<std::string> files;
       for (int rank : g.local_ranks) {
         if (!copied) break;
         const std::string from = g.area + "/" + rank_name(rank) + "/" + std::to_string(step);
-        copied = copy_snapshot(from, copy.path + "/" + rank_name(rank), step, after_copy_).empty();
+        copied = hold_snapshot(from, copy.path + "/" + rank_name(rank), step, after_copy_, files_held).empty();
         for (const char* name : kSnapshotFiles) files.push_back(rank_name(rank) + "/" + name);
       }
       std::set<std::string> keys;
@@ -463,6 +520,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       tried = step;
       if (!copied) {
         fs::remove_all(copy.path);
+        files_held.release();
         std::lock_guard<std::mutex> lock(mutex_);
         ++stats_.skipped;
         continue;
@@ -500,7 +558,7 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       for (const auto& [where, block] : held.parity) parity_bytes += block.size();
       const double cpu_ms = thread_cpu_ms() - cpu_start;
       auto state = std::make_unique<Committed>();
-      *state = {step, g.members, std::move(files), std::move(keys), std::move(held)};
+      *state = {step, g.members, std::move(files), std::move(keys), std::move(held), std::move(files_held)};
       std::lock_guard<std::mutex> lock(mutex_);
       committed_ = std::move(state);
       ++stats_.rounds;

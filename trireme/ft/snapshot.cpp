@@ -3,6 +3,7 @@
 #include "trireme/ft/snapshot.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,7 +19,6 @@
 namespace trireme::ft {
 
 // Every complete snapshot in a slot is kept (the slots bound how many there are).
-constexpr int kSnapshotsKept = Snapshotter::kSlots;
 
 BackgroundWriter::BackgroundWriter(WriteFn write, bool idle_priority) : write_(std::move(write)) {
   thread_ = std::thread([this, idle_priority] { run(idle_priority); });
@@ -149,7 +149,9 @@ Snapshotter::Snapshotter(std::string dir, CheckpointLayout layout, std::function
                        /*idle_priority=*/true),
       dir_(std::move(dir)),
       layout_(std::move(layout)),
-      before_commit_(std::move(before_commit)) {}
+      before_commit_(std::move(before_commit)) {
+  slots_.reserve(kMaxSlots);
+}
 
 Snapshotter::~Snapshotter() {
   drain();  // the thread reads the slots and this object's members
@@ -162,26 +164,59 @@ void Snapshotter::release(Slot& slot) {
   slot = Slot{};
 }
 
+namespace {
+
+// An exclusive flock on a slot's data file, taken without waiting; closed (unlocked) when
+// it goes. Not held when the file is gone or someone else (the keeper) holds a lock.
+class SlotLock {
+ public:
+  explicit SlotLock(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~SlotLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SlotLock(const SlotLock&) = delete;
+  SlotLock& operator=(const SlotLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
 Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
-  Slot& slot = slots_[next_];
-  next_ = (next_ + 1) % kSlots;
   const std::string target = dir_ + "/" + std::to_string(step);
   // A slot is reused when it still exists with the right size (the state's shapes are
   // fixed, so only a first snapshot or a damaged area makes a new one).
-  if (slot.base && (slot.bytes != bytes || !fs::exists(slot.dir + "/data.bin"))) release(slot);
-  if (slot.base && slot.dir == target) {
-    fs::remove(target + "/manifest.json");
-    return slot;
+  for (Slot& slot : slots_)
+    if (slot.bytes != bytes || slot.dir == target || !fs::exists(slot.dir + "/data.bin")) release(slot);
+  slots_.erase(std::remove_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.base == nullptr; }),
+               slots_.end());
+  if (fs::exists(target)) fs::remove_all(target);  // left by an earlier generation (a held file stays)
+  // The oldest slot but the two newest snapshots, whose file no keeper holds.
+  if (slots_.size() >= static_cast<size_t>(kSlots)) {
+    std::vector<Slot*> order;
+    for (Slot& slot : slots_) order.push_back(&slot);
+    std::sort(order.begin(), order.end(), [](const Slot* a, const Slot* b) { return a->step < b->step; });
+    order.resize(order.size() - 2);
+    for (Slot* slot : order) {
+      const SlotLock lock(slot->dir + "/data.bin");
+      if (!lock.held()) continue;  // lent to the keeper
+      fs::remove(slot->dir + "/manifest.json");  // the old snapshot is incomplete from here on
+      fs::rename(slot->dir, target);
+      slot->dir = target;
+      slot->step = step;
+      keep_ = static_cast<int>(slots_.size());
+      return *slot;
+    }
   }
-  for (Slot& other : slots_)
-    if (&other != &slot && other.dir == target) release(other);
-  if (fs::exists(target)) fs::remove_all(target);  // left by an earlier generation
-  if (slot.base) {
-    fs::remove(slot.dir + "/manifest.json");  // the old snapshot is incomplete from here on
-    fs::rename(slot.dir, target);
-    slot.dir = target;
-    return slot;
-  }
+  TRIREME_CHECK(slots_.size() < static_cast<size_t>(kMaxSlots), "all ", kMaxSlots, " snapshot slots of ", dir_,
+                " are in use or held by the node agent");
   fs::create_directories(target);
   const std::string path = target + "/data.bin";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
@@ -197,9 +232,14 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
                   "): free shared memory or set --snapshot-every 0");
   }
   TRIREME_CHECK(base != MAP_FAILED, "cannot map snapshot file ", path, ": ", std::strerror(mapped_errno));
-  slot = {target, static_cast<unsigned char*>(base), bytes};
+  Slot& slot = slots_.emplace_back();
+  slot.dir = target;
+  slot.step = step;
+  slot.base = static_cast<unsigned char*>(base);
+  slot.bytes = bytes;
   const std::string_view magic = shard_magic();
   std::memcpy(slot.base, magic.data(), magic.size());
+  keep_ = std::max<int>(kSlots, static_cast<int>(slots_.size()));
   return slot;
 }
 
@@ -243,7 +283,7 @@ void Snapshotter::commit(int64_t step, const std::vector<SavedPiece>& in_slot) {
     offset += n;
   }
   if (before_commit_) before_commit_(step);
-  commit_local_checkpoint(dir_, step, layout_, "data.bin", placed, kSnapshotsKept);
+  commit_local_checkpoint(dir_, step, layout_, "data.bin", placed, keep_);
 }
 
 std::vector<int64_t> Snapshotter::complete_steps(const std::string& dir) {

@@ -9,7 +9,7 @@
 // while the third is written; each has the magic line, format version, step, layout and a
 // CRC-32 per tensor.
 //
-// The three data files are slots that live as long as the Snapshotter: created, sized
+// The data files are slots that live as long as the Snapshotter: created, sized
 // (fallocate, so a full /dev/shm is an error here, not a SIGBUS later) and mapped once,
 // then reused. take() waits for the previous snapshot's commit, picks the slot holding the
 // oldest snapshot, removes that snapshot's manifest, renames its directory to the new step
@@ -22,6 +22,14 @@
 // rather than taking the core from training; until its manifest is written a snapshot is
 // incomplete and the previous one serves.
 //
+// Lent slots. The node agent's keeper (ft/parity_keeper.h) protects a snapshot by holding
+// its data file, not by copying it: it takes a shared flock(2) on DIR/<step>/data.bin and
+// links the file into its own directory. Before it reuses a slot, take() takes an
+// exclusive flock on the slot's file, without waiting, and holds it until the old
+// snapshot's manifest is gone and its directory renamed; a slot it cannot lock is lent,
+// and the oldest free one, or a new one, serves instead (at most kMaxSlots). So a held
+// snapshot is never written, and the keeper, which checks the manifest once it holds the
+// lock, never takes a slot that is being rewritten.
 // State on a CUDA device is copied on a side stream (ft/host_copy.h) into slots that are
 // page-locked once: take() queues the copies and returns without waiting for them, the
 // writer thread waits for them before its checksums, and the training loop calls
@@ -32,9 +40,8 @@
 // one page-locked buffer, on the side stream), write (and fsync) on its own thread.
 #pragma once
 
-#include <algorithm>
+#include <atomic>
 #include <condition_variable>
-#include <iterator>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -105,16 +112,18 @@ class Snapshotter : public BackgroundWriter {
   // was held. Throws Error (no space in the snapshot area, a failed earlier commit).
   double take(int64_t step, const std::vector<SavedPiece>& pieces) override;
 
-  // Whether every slot exists: a take() before that also creates (allocates) one.
-  bool slots_ready() const {
-    return std::all_of(std::begin(slots_), std::end(slots_), [](const Slot& s) { return s.base != nullptr; });
-  }
+  // Whether the slots in use exist: a take() before that also creates (allocates) one,
+  // and so does the first take() after the keeper holds a slot.
+  bool slots_ready() const { return slots_.size() >= static_cast<size_t>(kSlots); }
 
-  // Three slots: while one is being written (and, its copy done, checksummed), the two
-  // before it are complete. Two complete ones are what recovery needs: ranks can be one
-  // snapshot apart when a failure stops them (a rank's commit of S-1 still pending while
-  // its peer, already past S-1, is copying S), and the ranks must share a complete step.
+  // Three slots in use: while one is being written (and, its copy done, checksummed), the
+  // two before it are complete. Two complete ones are what recovery needs: ranks can be
+  // one snapshot apart when a failure stops them (a rank's commit of S-1 still pending
+  // while its peer, already past S-1, is copying S), and the ranks must share a complete
+  // step. Up to two more while the keeper holds slots (its protected step, and the next
+  // round's until that round commits).
   static constexpr int kSlots = 3;
+  static constexpr int kMaxSlots = kSlots + 2;
 
   // The steps of this rank's complete snapshots under `dir`, newest first (each one's
   // manifest, magic line and lengths verified; slices' CRCs are checked when read).
@@ -123,6 +132,7 @@ class Snapshotter : public BackgroundWriter {
  private:
   struct Slot {
     std::string dir;  // DIR/<step> it holds now
+    int64_t step = 0;
     unsigned char* base = nullptr;
     size_t bytes = 0;
     bool pinned = false;      // page-locked for device-to-host copies
@@ -135,8 +145,8 @@ class Snapshotter : public BackgroundWriter {
   std::string dir_;
   CheckpointLayout layout_;
   std::function<void(int64_t)> before_commit_;
-  Slot slots_[kSlots];
-  int next_ = 0;
+  std::vector<Slot> slots_;  // reserved for kMaxSlots: a Slot& stays valid
+  std::atomic<int> keep_{kSlots};  // snapshots the commit keeps: one per slot
 };
 
 }  // namespace trireme::ft
