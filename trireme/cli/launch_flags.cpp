@@ -59,7 +59,7 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
              "K+M: protect in-memory snapshots across machines with Reed-Solomon coding in groups of K data "
              "+ M parity machines, so any M machines of a group may be lost (1+1: mirror to a neighbour)");
   parser.add("redundancy-cpu", &o.redundancy_cpu,
-             "share of one core a machine's --redundancy rounds may use on average (default 0.05): rounds are "
+             "share of one core a machine's --redundancy rounds may use on average (default 0.01): rounds are "
              "spaced to stay within it, so the newest protected step trails by about (CPU per round) / (share x "
              "step time) steps; 0: a round for every new snapshot step");
 }

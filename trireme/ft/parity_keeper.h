@@ -16,17 +16,21 @@
 //   1. wait until the newest common step is newer than the last step tried
 //   2. agree on the round's step S, the oldest of the machines' newest: each machine puts
 //      its own under the store and waits for the others' (stop() ends the wait)
-//   3. copy each local rank's AREA/rank-<R>/<S>/ to AREA/protected/.tmp-<S>/rank-<R>/:
-//      workers reuse a snapshot's files for the snapshot three steps later, removing its
-//      manifest first, so a copy is torn (or S gone) exactly when that manifest is gone
-//      or replaced after the copy; and list the keys of the copy's slices
+//   3. take each local rank's AREA/rank-<R>/<S>/ into AREA/protected/.tmp-<S>/rank-<R>/
+//      without copying its data: a shared flock on its data file, which a worker's
+//      Snapshotter must lock exclusively before it reuses that slot (ft/snapshot.h, "Lent
+//      slots"), a hard link to the file and a copy of the manifest. The snapshot is whole
+//      when, the lock held, its manifest is still there, unchanged, and its directory still
+//      names the locked file (a worker removes the manifest and renames the directory under
+//      its lock before it writes); and list the keys of its slices
 //   4. agree, the same way, that every copy is whole, and post the keys; where a copy
 //      is not, every machine drops its copy and waits for a step newer than S
 //   5. leave out of the blob the slices whose keys every machine of the group posted,
 //      and exchange parity of the blobs (RedundancyPlan::make(machines, K, M)); once
 //      agreed, no machine stops before it is done
 //   6. agree that every exchange is done; then rename the copy to AREA/protected/<S>/,
-//      remove older protected steps, keep the parity in memory.
+//      remove older protected steps and let go of their files, keep the parity and the
+//      locks.
 // The agreements go through the store, not Gloo all-reduces: how long they wait depends
 // on training, and a recv posted on a pair whose peer has already closed it waits out
 // the group's timeout instead of failing, so a stopping machine would hold its peers for
@@ -43,10 +47,14 @@
 // replicated slices filled from its own copy, every CRC verified. Rounds of a later generation protect only steps newer than S, so the
 // rebuilt directories stay while the next workers resume from them.
 //
-// Memory per machine: the protected copy (in the area, on /dev/shm: about one snapshot
-// of the machine's ranks) plus m parity blocks of 1/k' of its group's largest blob each
-// (k' = the group's size - m) in this process, for the life of the protection. During a round, for a moment, the blob
-// and the exchange's buffers, about (2 + m) blobs more.
+// Memory per machine: the protected copy is the workers' own files, so what it costs is
+// the slot each worker takes instead of the held one (ft/snapshot.h: a fourth, and for a
+// moment a fifth, while a round holds a newer step), about one snapshot of the machine's
+// ranks on /dev/shm; plus m parity blocks of 1/k' of its group's largest blob each (k' =
+// the group's size - m) in this process, for the life of the protection. During a round,
+// for a moment, the blob and the exchange's buffers, about (2 + m) blobs more. (Until
+// 2026-12-05 a round copied the files: 26 ms of CPU for 38 MiB, most of a round under
+// data parallelism, whose blob is nearly empty.)
 #pragma once
 
 #include <atomic>
@@ -68,11 +76,11 @@ struct KeeperStats {
   int64_t protected_step = 0;  // the step of the last committed round (0: none)
   int rounds = 0;              // rounds committed
   int skipped = 0;             // rounds dropped because a copy did not verify on some machine
-  // Every committed round's copy and verification, and its serialization, parity exchange
-  // and commit barrier, in order.
+  // Every committed round's copy (the files held and linked, the manifests copied) and
+  // verification, and its serialization, parity exchange and commit barrier, in order.
   std::vector<double> round_copy_ms, round_exchange_ms;
   std::vector<double> round_cpu_ms;  // the keeper thread's CPU time per committed round (copy to commit)
-  uint64_t copy_bytes = 0;     // the protected copy (files under AREA/protected/<step>/)
+  uint64_t copy_bytes = 0;     // the protected copy (files under AREA/protected/<step>/, held)
   uint64_t replicated_bytes = 0;  // of it, slices every machine of the group holds: not coded
   uint64_t parity_bytes = 0;   // parity blocks held in memory
   std::string error;           // why protection stopped before stop() ("" when it did not)
@@ -80,9 +88,9 @@ struct KeeperStats {
 
 class ParityKeeper final : public launch::SnapshotKeeper {
  public:
-  // k data and m parity blocks per codeword (--redundancy K+M); m = 0 copies snapshots to
+  // k data and m parity blocks per codeword (--redundancy K+M); m = 0 holds snapshots in
   // AREA/protected/ but keeps no parity, so nothing lost can be rebuilt. `after_copy(dir)`
-  // runs after a rank's snapshot DIR is copied, before the copy is checked (a test seam).
+  // runs after a rank's snapshot DIR is taken, before it is checked (a test seam).
   // cpu_share (--redundancy-cpu): a round after the first starts no sooner than T /
   // cpu_share after the keeper's thread set up, T being that thread's CPU time since (rounds and polling;
   // not Gloo's own I/O threads); 0: no wait. flush() lifts it for the generation, on every

@@ -46,7 +46,7 @@ struct LaunchOptions {
   // The share of one core each machine's keeper may use on average: it spaces its rounds
   // so that its CPU time per round over the time since the last one stays within it (0:
   // a round whenever a newer snapshot step exists).
-  double redundancy_cpu = 0.05;
+  double redundancy_cpu = 0.01;
   // How long node 0 keeps the store up after its own workers finished, waiting for the
   // other agents to finish theirs (torchelastic's exit barrier uses the same 300 s).
   double exit_barrier_timeout_s = 300;
