@@ -149,6 +149,8 @@ class Cluster {
     for (int node : members) (*this)[node].keeper->start(generation(number, members, node));
   }
 
+  c10d::Store& store() { return *store_; }
+
   bool all_protected(const std::vector<int>& nodes, int64_t step) {
     return wait_until([&] {
       for (int node : nodes)
@@ -298,6 +300,27 @@ TEST(ParityKeeper, ASnapshotReplacedWhileCopiedIsNotCommitted) {
   ASSERT_TRUE(cluster.all_protected({0, 1, 2}, 4));
   for (int node = 0; node < 3; ++node) EXPECT_EQ(cluster[node].keeper->stats().skipped, 1);
   on_machines({0, 1, 2}, [&](int node) { cluster[node].keeper->stop(); });
+}
+
+TEST(ParityKeeper, TheRoundsStepIsReadOnceEveryMachineHasCome) {
+  // Node 1's CPU share holds its second round back until a flush; nodes 0 and 2 come to
+  // that round at step 2 and wait for it while their workers go on to step 5, and node 1's
+  // slot of step 2 is reused. Their newest steps are read once node 1 has come: the round
+  // protects step 5 and none is dropped.
+  Cluster cluster({{0}, {1}, {2}}, 2, 1);
+  cluster[1].keeper = std::make_unique<ParityKeeper>(2, 1, 1e-9);
+  const std::vector<int> all{0, 1, 2};
+  cluster.take(1);
+  cluster.start(1, all);
+  ASSERT_TRUE(cluster.all_protected(all, 1));
+  cluster.take(2);
+  ASSERT_TRUE(wait_until(
+      [&] { return cluster.store().check({"trireme/keeper/1/arrived/1/0", "trireme/keeper/1/arrived/1/2"}); }));
+  for (int64_t s = 3; s <= 5; ++s) cluster.take(s);
+  EXPECT_TRUE(cluster[1].keeper->flush(60));
+  ASSERT_TRUE(cluster.all_protected(all, 5));
+  for (int node : all) EXPECT_EQ(cluster[node].keeper->stats().skipped, 0) << "node " << node;
+  on_machines(all, [&](int node) { cluster[node].keeper->stop(); });
 }
 
 TEST(ParityKeeper, AJobShrunkBelowKPlusMMirrors) {

@@ -102,8 +102,9 @@ constexpr std::chrono::seconds kGroupTimeout{30};
 // and so how soon it sees the stop flag there.
 constexpr std::chrono::milliseconds kPoll{25};
 // How often a round held back by the CPU share looks for a flush on another machine (its
-// own stop and flush wake it at once).
-constexpr std::chrono::milliseconds kHeldBackPoll{200};
+// own stop and flush wake it at once): a store round trip each time, which counts in the
+// share, and a flush is for a preemption notice of tens of seconds.
+constexpr std::chrono::milliseconds kHeldBackPoll{1000};
 // The files of a one-rank snapshot (ft/snapshot.h), the manifest last as its writer does:
 // a rebuild cut short leaves a directory without a manifest, never a manifest over
 // missing data.
@@ -407,7 +408,7 @@ std::string ParityKeeper::summary() const {
                 s.rounds, s.rounds == 1 ? "" : "s", static_cast<long long>(s.protected_step), s.skipped,
                 median(s.round_copy_ms), median(s.round_exchange_ms), median(s.round_cpu_ms), s.copy_bytes / 1048576.0,
                 s.parity_bytes / 1048576.0, s.replicated_bytes / 1048576.0);
-  return line;
+  return s.error.empty() ? std::string(line) : line + ("; protection stopped: " + s.error);
 }
 
 void ParityKeeper::run(const KeeperGeneration& g) {
@@ -480,10 +481,15 @@ void ParityKeeper::run(const KeeperGeneration& g) {
           break;
         std::this_thread::sleep_for(kPoll);
       }
-      // 2. The round's step: the oldest of the machines' newest.
+      // 2. The round's step: the oldest of the machines' newest, each read once every
+      // machine has come to the round. (Read before, a machine's newest is as old as its
+      // wait for the others, whose CPU shares let them start later: its workers may have
+      // reused that step's slot meanwhile, and the round would fail there.)
       // The keys of round - 2 are read by everyone: every machine has posted round - 1's.
-      for (const char* what : {"ready/", "verified/", "keys/", "exchanged/"})
+      for (const char* what : {"arrived/", "ready/", "verified/", "keys/", "exchanged/"})
         store->deleteKey(what + std::to_string(round - 2) + "/" + std::to_string(g.position));
+      if (!store_min(*store, "arrived/" + std::to_string(round), g.position, machines, 1, stop_)) return;
+      newest = std::max(newest, newest_common_step(g, /*listed_only=*/false));
       const auto agreed = store_min(*store, "ready/" + std::to_string(round), g.position, machines, newest, stop_);
       if (!agreed) return;
       const int64_t step = *agreed;

@@ -14,8 +14,10 @@
 // moments; Gloo's threads, created from it, inherit that priority), over a Gloo group of
 // the agents (rank = machine index) made for the generation:
 //   1. wait until the newest common step is newer than the last step tried
-//   2. agree on the round's step S, the oldest of the machines' newest: each machine puts
-//      its own under the store and waits for the others' (stop() ends the wait)
+//   2. agree on the round's step S, the oldest of the machines' newest: once every
+//      machine has come to the round (a barrier through the store: a newest step read
+//      before a wait for the others could be gone by its end), each puts its own under
+//      the store and waits for the others' (stop() ends either wait)
 //   3. take each local rank's AREA/rank-<R>/<S>/ into AREA/protected/.tmp-<S>/rank-<R>/
 //      without copying its data: a shared flock on its data file, which a worker's
 //      Snapshotter must lock exclusively before it reuses that slot (ft/snapshot.h, "Lent
