@@ -18,8 +18,6 @@
 
 namespace trireme::ft {
 
-// Every complete snapshot in a slot is kept (the slots bound how many there are).
-
 BackgroundWriter::BackgroundWriter(WriteFn write, bool idle_priority) : write_(std::move(write)) {
   thread_ = std::thread([this, idle_priority] { run(idle_priority); });
 }
@@ -283,6 +281,7 @@ void Snapshotter::commit(int64_t step, const std::vector<SavedPiece>& in_slot) {
     offset += n;
   }
   if (before_commit_) before_commit_(step);
+  // Every complete snapshot in a slot is kept (the slots bound how many there are).
   commit_local_checkpoint(dir_, step, layout_, "data.bin", placed, keep_);
 }
 
