@@ -5,7 +5,9 @@
 // left out of the coding and filled from the survivor's own copy; the copy is the workers'
 // own files, held against reuse while the workers go on; losing more than the parity
 // allows is reported, not attempted; a copy torn by its slot's reuse is never committed.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -300,6 +302,30 @@ TEST(ParityKeeper, ASnapshotReplacedWhileCopiedIsNotCommitted) {
   ASSERT_TRUE(cluster.all_protected({0, 1, 2}, 4));
   for (int node = 0; node < 3; ++node) EXPECT_EQ(cluster[node].keeper->stats().skipped, 1);
   on_machines({0, 1, 2}, [&](int node) { cluster[node].keeper->stop(); });
+}
+
+TEST(ParityKeeper, ASlotAWorkerIsReusingIsNotTaken) {
+  // Node 1's worker holds its slot of step 1 exclusively, as it does while it reuses the
+  // slot (ft/snapshot.h, "Lent slots"): the round of step 1 is dropped everywhere, and the
+  // next step is protected once the worker lets go.
+  Cluster cluster({{0}, {1}, {2}}, 2, 1);
+  cluster.take(1);
+  const std::string path = cluster[1].area + "/rank-1/1/data.bin";
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::vector<int> all{0, 1, 2};
+  cluster.start(1, all);
+  ASSERT_TRUE(wait_until([&] {
+    for (int node : all)
+      if (cluster[node].keeper->stats().skipped < 1) return false;
+    return true;
+  }));
+  for (int node : all) EXPECT_EQ(cluster[node].keeper->protected_step(), 0);
+  ::close(fd);
+  cluster.take(2);
+  EXPECT_TRUE(cluster.all_protected(all, 2));
+  on_machines(all, [&](int node) { cluster[node].keeper->stop(); });
 }
 
 TEST(ParityKeeper, TheRoundsStepIsReadOnceEveryMachineHasCome) {

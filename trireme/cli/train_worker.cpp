@@ -438,15 +438,18 @@ int train_worker_main(const std::vector<std::string>& args) {
     }
     world.heartbeat(step + 1);
     if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
-    // The first snapshots of a process also create its slots: not what later ones cost.
-    const bool slots_ready = snapshotter && snapshotter->slots_ready();
-    if (snapshotter && (step + 1) % snapshot_every == 0)
+    // A snapshot that creates a slot (the first ones of a process, and one more while the
+    // node agent holds a slot) pays its page allocation once: not what snapshots cost.
+    bool made_slot = false;
+    if (snapshotter && (step + 1) % snapshot_every == 0) {
       times.snapshot_us += ft::take_snapshot(train_state, *snapshotter, step + 1);
+      made_slot = snapshotter->made_slot();
+    }
     if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
       times.checkpoint_us += ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
     // Overhead: the stall spread over the steps of one snapshot interval.
-    if (times.snapshot_us > 0 && slots_ready)
+    if (times.snapshot_us > 0 && !made_slot)
       last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
     elapsed_s += times.step_us / 1e6;
 

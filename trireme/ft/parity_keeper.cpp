@@ -195,7 +195,8 @@ std::string file_text(const std::string& path) {
 // size) and bytes (an inode can be reused where the area is not on tmpfs) before and
 // after the link. (Its CRCs are checked where it is read: when the workers resume from it
 // or a rebuild writes it.) `between` runs between the link and that check (a test seam).
-// Where the area's file system refuses links, the data is copied, under the lock.
+// Where the area's file system refuses links, the data is copied, under the lock, which is
+// then let go.
 std::string hold_snapshot(const std::string& from, const std::string& to, int64_t step,
                           const std::function<void(const std::string&)>& between, HeldFiles& held) {
   try {
@@ -212,7 +213,8 @@ std::string hold_snapshot(const std::string& from, const std::string& to, int64_
         locked.st_dev != named.st_dev)
       return from + ": no longer complete";
     fs::create_directories(to);
-    if (::link(data.c_str(), (to + "/data.bin").c_str()) != 0) {
+    bool linked = ::link(data.c_str(), (to + "/data.bin").c_str()) == 0;
+    if (!linked) {
       if (errno != EXDEV && errno != EPERM && errno != EMLINK) return data + ": " + std::strerror(errno);
       fs::copy_file(data, to + "/data.bin", fs::copy_options::overwrite_existing);
     }
@@ -223,7 +225,7 @@ std::string hold_snapshot(const std::string& from, const std::string& to, int64_
       return from + ": replaced while it was taken";
     const Checkpoint copy = Checkpoint::open(to, /*verify_data=*/false);
     if (copy.step() != step) return to + ": holds step " + std::to_string(copy.step());
-    held.add(std::move(file));
+    if (linked) held.add(std::move(file));  // a copy needs the worker's file no longer
     return "";
   } catch (const std::exception& e) {
     return e.what();
@@ -554,19 +556,34 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       // 6. Commit once every machine has its parity.
       if (!store_min(*store, "exchanged/" + std::to_string(round), g.position, machines, 1, stop_)) return;
       const double exchange_ms = (obs::now_us() - exchange_start) / 1e3;
+      // The new step's files are held by `state` before its directory is renamed into
+      // place, and the older step's are let go only once no directory names them (a held
+      // file let go is the workers' to rewrite).
+      uint64_t parity_bytes = 0;
+      for (const auto& [where, block] : held.parity) parity_bytes += block.size();
+      auto state = std::make_unique<Committed>();
+      *state = {step, g.members, std::move(files), std::move(keys), std::move(held), std::move(files_held)};
       const std::string target = root + "/" + std::to_string(step);
       fs::remove_all(target);
       fs::rename(copy.path, target);
       copy.committed = true;
-      for (int64_t older : checkpoint_steps(root))
-        if (older != step) fs::remove_all(root + "/" + std::to_string(older));
-      uint64_t parity_bytes = 0;
-      for (const auto& [where, block] : held.parity) parity_bytes += block.size();
+      std::unique_ptr<Committed> older_state;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        older_state = std::move(committed_);
+        committed_ = std::move(state);
+      }
+      std::error_code not_removed;
+      for (const auto& entry : fs::directory_iterator(root, not_removed)) {
+        const std::string name = entry.path().filename().string();
+        const bool a_step = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (a_step && name != std::to_string(step)) fs::remove_all(entry.path(), not_removed);
+        if (not_removed) break;
+      }
+      if (not_removed) (void)older_state.release();  // still named: its files stay held for good
+      older_state.reset();
       const double cpu_ms = thread_cpu_ms() - cpu_start;
-      auto state = std::make_unique<Committed>();
-      *state = {step, g.members, std::move(files), std::move(keys), std::move(held), std::move(files_held)};
       std::lock_guard<std::mutex> lock(mutex_);
-      committed_ = std::move(state);
       ++stats_.rounds;
       stats_.protected_step = step;
       stats_.round_copy_ms.push_back(copy_ms);

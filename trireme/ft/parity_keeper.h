@@ -50,9 +50,10 @@
 // rebuilt directories stay while the next workers resume from them.
 //
 // Memory per machine: the protected copy is the workers' own files, so what it costs is
-// the slot each worker takes instead of the held one (ft/snapshot.h: a fourth, and for a
-// moment a fifth, while a round holds a newer step), about one snapshot of the machine's
-// ranks on /dev/shm; plus m parity blocks of 1/k' of its group's largest blob each (k' =
+// the slots each worker takes instead of the held ones (ft/snapshot.h: a fourth, and a
+// fifth once a round has held a newer step while the older was still held; made slots
+// stay), up to two snapshots of the machine's ranks on /dev/shm, what the copies cost at
+// a round's peak before; plus m parity blocks of 1/k' of its group's largest blob each (k' =
 // the group's size - m) in this process, for the life of the protection. During a round,
 // for a moment, the blob and the exchange's buffers, about (2 + m) blobs more. (Until
 // 2026-12-05 a round copied the files: 26 ms of CPU for 38 MiB, most of a round under

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -187,7 +188,7 @@ class SlotLock {
 
 }  // namespace
 
-Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
+Snapshotter::Slot* Snapshotter::claim(int64_t step, size_t bytes) {
   const std::string target = dir_ + "/" + std::to_string(step);
   // A slot is reused when it still exists with the right size (the state's shapes are
   // fixed, so only a first snapshot or a damaged area makes a new one).
@@ -210,11 +211,13 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
       slot->dir = target;
       slot->step = step;
       keep_ = static_cast<int>(slots_.size());
-      return *slot;
+      return slot;
     }
   }
-  TRIREME_CHECK(slots_.size() < static_cast<size_t>(kMaxSlots), "all ", kMaxSlots, " snapshot slots of ", dir_,
-                " are in use or held by the node agent");
+  // A slot beyond the three in use is for the keeper's sake: when there is no room for it,
+  // this snapshot is skipped (nullptr), not the job.
+  const bool extra = slots_.size() >= static_cast<size_t>(kSlots);
+  if (extra && slots_.size() >= static_cast<size_t>(kMaxSlots)) return nullptr;
   fs::create_directories(target);
   const std::string path = target + "/data.bin";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
@@ -224,12 +227,15 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
                              : MAP_FAILED;
   const int mapped_errno = errno;
   ::close(fd);
-  if (reserved != 0) {
+  if (reserved != 0 || (base == MAP_FAILED && extra)) {
+    if (base != MAP_FAILED) ::munmap(base, bytes);
     fs::remove_all(target);
+    if (extra) return nullptr;
     TRIREME_THROW(Error, "no room for a ", bytes >> 20, " MiB snapshot in ", dir_, " (", std::strerror(reserved),
                   "): free shared memory or set --snapshot-every 0");
   }
   TRIREME_CHECK(base != MAP_FAILED, "cannot map snapshot file ", path, ": ", std::strerror(mapped_errno));
+  made_slot_ = true;
   Slot& slot = slots_.emplace_back();
   slot.dir = target;
   slot.step = step;
@@ -238,7 +244,7 @@ Snapshotter::Slot& Snapshotter::claim(int64_t step, size_t bytes) {
   const std::string_view magic = shard_magic();
   std::memcpy(slot.base, magic.data(), magic.size());
   keep_ = std::max<int>(kSlots, static_cast<int>(slots_.size()));
-  return slot;
+  return &slot;
 }
 
 double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
@@ -252,7 +258,16 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
     on_device = on_device || !piece.data.device().is_cpu();
   }
   fs::create_directories(dir_);
-  Slot& slot = claim(step, bytes);
+  made_slot_ = false;
+  Slot* claimed = claim(step, bytes);
+  if (!claimed) {  // every slot but the newest two held by the keeper, and no room for another
+    if (!warned_full_)
+      std::fprintf(stderr, "snapshot: no free slot in %s (the node agent holds the others and /dev/shm has no "
+                   "room for another): snapshots are skipped until it lets one go\n", dir_.c_str());
+    warned_full_ = true;
+    return obs::now_us() - start;
+  }
+  Slot& slot = *claimed;
   if (on_device && !slot.pin_tried) {  // once per slot
     slot.pinned = pin_host_memory(slot.base, slot.bytes);
     slot.pin_tried = true;

@@ -29,7 +29,12 @@
 // snapshot's manifest is gone and its directory renamed; a slot it cannot lock is lent,
 // and the oldest free one, or a new one, serves instead (at most kMaxSlots). So a held
 // snapshot is never written, and the keeper, which checks the manifest once it holds the
-// lock, never takes a slot that is being rewritten.
+// lock, never takes a slot that is being rewritten. Slots made stay (each keeps a complete
+// snapshot): making one costs page allocation on the training thread, and the keeper
+// holds one step nearly always and two while a round commits, so up to five per rank is
+// the steady state, as much as three plus the two copies a round used to make at its
+// peak. When there is no room for an extra slot (or all five are taken) take() skips that
+// snapshot, with one line on stderr, rather than failing the job.
 // State on a CUDA device is copied on a side stream (ft/host_copy.h) into slots that are
 // page-locked once: take() queues the copies and returns without waiting for them, the
 // writer thread waits for them before its checksums, and the training loop calls
@@ -115,6 +120,9 @@ class Snapshotter : public BackgroundWriter {
   // Whether the slots in use exist: a take() before that also creates (allocates) one,
   // and so does the first take() after the keeper holds a slot.
   bool slots_ready() const { return slots_.size() >= static_cast<size_t>(kSlots); }
+  // Whether the last take() made a new slot (its page allocation is in that take's time:
+  // a one-off, not what snapshots cost).
+  bool made_slot() const { return made_slot_; }
 
   // Three slots in use: while one is being written (and, its copy done, checksummed), the
   // two before it are complete. Two complete ones are what recovery needs: ranks can be
@@ -138,7 +146,9 @@ class Snapshotter : public BackgroundWriter {
     bool pinned = false;      // page-locked for device-to-host copies
     bool pin_tried = false;   // (tried once: a failure means pageable, synchronous copies)
   };
-  Slot& claim(int64_t step, size_t bytes);
+  // The slot for `step`; nullptr when it would be an extra one (ft: "Lent slots") that
+  // cannot be had. Throws Error when one of the three cannot be made.
+  Slot* claim(int64_t step, size_t bytes);
   static void release(Slot& slot);
   void commit(int64_t step, const std::vector<SavedPiece>& in_slot);
 
@@ -147,6 +157,8 @@ class Snapshotter : public BackgroundWriter {
   std::function<void(int64_t)> before_commit_;
   std::vector<Slot> slots_;  // reserved for kMaxSlots: a Slot& stays valid
   std::atomic<int> keep_{kSlots};  // snapshots the commit keeps: one per slot
+  bool warned_full_ = false;       // the line about a skipped snapshot was printed
+  bool made_slot_ = false;         // see made_slot()
 };
 
 }  // namespace trireme::ft
