@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -134,6 +135,7 @@ TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
   for (int64_t s = 1; s <= 3; ++s) {
     weight.add_(1.0);
     snapshots.take(s, pieces_of(weight, step));
+    snapshots.before_update();
   }
   snapshots.wait();
   const at::Tensor at_three = weight.clone();
@@ -144,6 +146,46 @@ TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{3, 2}));
   const Checkpoint c = Checkpoint::open(area.path + "/3", /*verify_data=*/true);
   EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {8, 8}}), at_three));
+}
+
+// take() leaves the copy of host state to the writer thread; before_update() finishes it
+// (taking what the thread has not begun), so the state may change as soon as it returns.
+TEST(Snapshotter, TheStateMayChangeOnceBeforeUpdateReturns) {
+  TempDir area;
+  // On one CPU (the writer thread inherits it), the idle-priority thread runs only when
+  // this one blocks: a before_update() that did not finish the copy would let it race.
+  cpu_set_t all, one;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+  struct Restore {
+    cpu_set_t set;
+    ~Restore() { ::sched_setaffinity(0, sizeof(set), &set); }
+  } restore{all};
+  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
+  std::vector<at::Tensor> weights;
+  for (int i = 0; i < 64; ++i) weights.push_back(at::randn({256, 64}));
+  const at::Tensor step = at::zeros({1}, at::kLong);
+  for (int64_t s = 1; s <= 4; ++s) {
+    std::vector<SavedPiece> pieces;
+    for (size_t i = 0; i < weights.size(); ++i)
+      pieces.push_back({"w" + std::to_string(i), {256, 64}, {{0, 0}, {256, 64}}, weights[i]});
+    std::vector<at::Tensor> before;
+    for (const at::Tensor& w : weights) before.push_back(w.clone());
+    snapshots.take(s, pieces);
+    snapshots.before_update();
+    for (at::Tensor& w : weights) w.add_(1000.0);  // the next optimizer step
+    snapshots.wait();
+    const Checkpoint c = Checkpoint::open(area.path + "/" + std::to_string(s), /*verify_data=*/true);
+    for (size_t i = 0; i < weights.size(); ++i)
+      ASSERT_TRUE(at::equal(c.read("w" + std::to_string(i), {{0, 0}, {256, 64}}), before[i]))
+          << "step " << s << ": piece " << i << " was copied after before_update() returned";
+  }
 }
 
 TEST(Snapshotter, NonContiguousPiecesAreCopiedInOrder) {

@@ -4,6 +4,7 @@
 #include <isa-l/crc.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace trireme::ft {
 
@@ -15,6 +16,19 @@ uint32_t crc32(const void* data, size_t bytes) {
     crc = crc32_gzip_refl(crc, p, n);
     p += n;
     bytes -= n;
+  }
+  return crc;
+}
+
+uint32_t copy_with_crc32(void* to, const void* from, size_t bytes) {
+  constexpr size_t kChunk = size_t{256} << 10;  // well inside L2
+  uint32_t crc = 0;
+  auto* out = static_cast<unsigned char*>(to);
+  const auto* in = static_cast<const unsigned char*>(from);
+  for (size_t done = 0; done < bytes; done += kChunk) {
+    const size_t n = std::min(kChunk, bytes - done);
+    std::memcpy(out + done, in + done, n);
+    crc = crc32_gzip_refl(crc, out + done, n);
   }
   return crc;
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
 
 namespace trireme::ft {
 namespace {
@@ -284,8 +285,11 @@ void save_checkpoint(const TrainingState& s, const std::string& root, int64_t st
   write_checkpoint(root, steps_done, s.layout, state_pieces(s, false), *s.world, keep);
 }
 
+// Both count the listing of the state (views, generator states) as part of the hold.
 double save_checkpoint_async(const TrainingState& s, BackgroundWriter& writer, int64_t steps_done) {
-  return writer.take(steps_done, state_pieces(s, false));
+  const double start = obs::now_us();
+  writer.take(steps_done, state_pieces(s, false));
+  return obs::now_us() - start;
 }
 
 std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, const std::string& root, int keep) {
@@ -299,7 +303,9 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, cons
 }
 
 double take_snapshot(const TrainingState& s, Snapshotter& snapshotter, int64_t steps_done) {
-  return snapshotter.take(steps_done, state_pieces(s, true));
+  const double start = obs::now_us();
+  snapshotter.take(steps_done, state_pieces(s, true));
+  return obs::now_us() - start;
 }
 
 int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
@@ -618,8 +624,9 @@ int64_t Resumable::resume() {
 }
 
 void Resumable::step_done(int64_t steps_done) {
-  // The program's next optimizer step is out of sight, so a GPU's copies are waited for at
-  // once (ft/host_copy.h); they still run off the training thread's own copy loop.
+  // The program's next optimizer step is out of sight, so the copies are finished at once:
+  // a GPU's are waited for (ft/host_copy.h), host state the writer thread has not copied
+  // yet is copied here (ft/snapshot.h).
   if (snapshotter_ && steps_done % snapshot_every_ == 0) {
     take_snapshot(state_, *snapshotter_, steps_done);
     snapshotter_->before_update();

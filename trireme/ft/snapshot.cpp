@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "trireme/common/error.h"
 #include "trireme/ft/checksum.h"
@@ -91,13 +92,28 @@ double BackgroundWriter::take(int64_t step, const std::vector<SavedPiece>& piece
   return obs::now_us() - start;
 }
 
-void BackgroundWriter::submit(int64_t step, std::vector<SavedPiece> pieces) {
+void BackgroundWriter::submit(int64_t step, std::vector<SavedPiece> pieces, std::function<void()> host_copy) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.emplace(step, std::move(pieces));
+    copying_ = host_copy;
+    pending_.emplace(Job{step, std::move(pieces), std::move(host_copy)});
     busy_ = true;
   }
   wake_.notify_all();
+}
+
+double BackgroundWriter::before_update() {
+  const double start = obs::now_us();
+  std::function<void()> host_copy;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    host_copy = copying_;
+  }
+  // What the writer thread has not begun is done here, at the caller's priority: a busy
+  // machine that starves the idle-priority thread delays the step by no more than the copy.
+  if (host_copy) host_copy();
+  const double host = obs::now_us() - start;
+  return host + copies_.settle();
 }
 
 void BackgroundWriter::drain() noexcept {
@@ -117,7 +133,7 @@ void BackgroundWriter::run(bool idle_priority) {
     pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);  // best effort
   }
   for (;;) {
-    std::pair<int64_t, std::vector<SavedPiece>> job;
+    Job job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [this] { return stop_ || pending_.has_value(); });
@@ -126,11 +142,23 @@ void BackgroundWriter::run(bool idle_priority) {
       pending_.reset();
     }
     std::string failure;
+    const auto failed = [&](const std::exception& e) {
+      failure = std::string("background write of step ") + std::to_string(job.step) + " failed: " + e.what();
+    };
+    if (job.host_copy) {
+      try {
+        job.host_copy();
+      } catch (const std::exception& e) {
+        failed(e);
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      copying_ = nullptr;
+    }
     try {
       copies_.wait_host();
-      write_(job.first, job.second);
+      if (failure.empty()) write_(job.step, job.pieces);
     } catch (const std::exception& e) {
-      failure = std::string("background write of step ") + std::to_string(job.first) + " failed: " + e.what();
+      failed(e);
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -164,6 +192,41 @@ void Snapshotter::release(Slot& slot) {
 }
 
 namespace {
+
+// Contiguous host pieces of one snapshot, each copied into its slot and checksummed in
+// one pass by whichever thread takes it first: the writer thread, at idle priority, in the
+// step's waits, or the training thread in before_update(), for what is left.
+class SharedCopy {
+ public:
+  struct Piece {
+    size_t index;  // into crcs
+    unsigned char* to;
+    at::Tensor from;
+  };
+  SharedCopy(std::vector<Piece> pieces, std::vector<std::optional<uint32_t>>* crcs)
+      : pieces_(std::move(pieces)), crcs_(crcs) {}
+
+  // Takes pieces until none is left, then waits for those another thread took.
+  void work() {
+    for (size_t i = next_.fetch_add(1); i < pieces_.size(); i = next_.fetch_add(1)) {
+      const Piece& p = pieces_[i];
+      (*crcs_)[p.index] = copy_with_crc32(p.to, p.from.data_ptr(), p.from.nbytes());
+      if (done_.fetch_add(1) + 1 == pieces_.size()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        all_done_.notify_all();
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    all_done_.wait(lock, [this] { return done_.load() == pieces_.size(); });
+  }
+
+ private:
+  const std::vector<Piece> pieces_;
+  std::vector<std::optional<uint32_t>>* const crcs_;  // distinct elements per piece
+  std::atomic<size_t> next_{0}, done_{0};
+  std::mutex mutex_;
+  std::condition_variable all_done_;
+};
 
 // An exclusive flock on a slot's data file, taken without waiting; closed (unlocked) when
 // it goes. Not held when the file is gone or someone else (the keeper) holds a lock.
@@ -273,16 +336,25 @@ double Snapshotter::take(int64_t step, const std::vector<SavedPiece>& pieces) {
     slot.pin_tried = true;
   }
   std::vector<SavedPiece> in_slot;  // the same pieces, as views of the slot
-  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;  // device or strided: copies_ copies them
+  std::vector<SharedCopy::Piece> host;  // contiguous host state: copied off this call
+  crcs_.assign(pieces.size(), std::nullopt);
   uint64_t offset = shard_magic().size();
-  for (const SavedPiece& piece : pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const SavedPiece& piece = pieces[i];
     at::Tensor view = at::from_blob(slot.base + offset, piece.data.sizes(), piece.data.options().device(at::kCPU));
     in_slot.push_back({piece.name, piece.shape, piece.box, view});
-    pairs.emplace_back(std::move(view), piece.data);
+    if (piece.data.device().is_cpu() && piece.data.is_contiguous())
+      host.push_back({i, slot.base + offset, piece.data});
+    else
+      pairs.emplace_back(std::move(view), piece.data);
     offset += piece.data.nbytes();
   }
   copies_.copy_all(pairs);  // on a failure the slot has no manifest: the snapshots before it serve
-  submit(step, std::move(in_slot));
+  std::function<void()> host_copy;
+  if (!host.empty())
+    host_copy = [shared = std::make_shared<SharedCopy>(std::move(host), &crcs_)] { shared->work(); };
+  submit(step, std::move(in_slot), std::move(host_copy));
   return obs::now_us() - start;
 }
 
@@ -290,9 +362,11 @@ void Snapshotter::commit(int64_t step, const std::vector<SavedPiece>& in_slot) {
   std::vector<PlacedPiece> placed;
   placed.reserve(in_slot.size());
   uint64_t offset = shard_magic().size();
-  for (const SavedPiece& piece : in_slot) {  // back to back after the magic line, as take() put them
+  for (size_t i = 0; i < in_slot.size(); ++i) {  // back to back after the magic line, as take() put them
+    const SavedPiece& piece = in_slot[i];
     const size_t n = piece.data.nbytes();
-    placed.push_back({&piece, offset, n, crc32(piece.data.data_ptr(), n)});
+    const std::optional<uint32_t> known = i < crcs_.size() ? crcs_[i] : std::nullopt;
+    placed.push_back({&piece, offset, n, known ? *known : crc32(piece.data.data_ptr(), n)});
     offset += n;
   }
   if (before_commit_) before_commit_(step);

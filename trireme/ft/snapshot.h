@@ -13,14 +13,19 @@
 // (fallocate, so a full /dev/shm is an error here, not a SIGBUS later) and mapped once,
 // then reused. take() waits for the previous snapshot's commit, picks the slot holding the
 // oldest snapshot, removes that snapshot's manifest, renames its directory to the new step
-// and copies every tensor straight into the mapping: one pass over the state, no page
-// allocation (a write() into a fresh tmpfs file costs ~3x the copy, nearly all of it page
-// allocation). A parameter must not change before it has been copied, so take() runs
-// between the optimizer step and the next forward. The CRCs (read from the slot, which
-// nothing writes until the snapshot after next) and the manifest are left to a thread at
-// SCHED_IDLE priority, which runs in the step's idle moments (waits on communication)
-// rather than taking the core from training; until its manifest is written a snapshot is
-// incomplete and the previous one serves.
+// and hands the copy of every tensor straight into the mapping to a thread at SCHED_IDLE
+// priority: one pass over the state, no page allocation (a write() into a fresh tmpfs file
+// costs ~3x the copy, nearly all of it page allocation). That thread runs in the step's
+// idle moments (waits on communication) rather than taking the core from training. A
+// parameter must not change before it has been copied: take() runs between the optimizer
+// step and the next forward, and before_update(), before the next optimizer step, copies
+// whatever the thread has not begun (at the training thread's priority, so a busy machine
+// that starves the idle thread costs the step the copy, plus at most the one tensor the
+// thread has begun). On the reference
+// GPT under DP=2 the thread finishes first: the stall fell from 6-7 ms to 0.5 ms
+// (docs/benchmarks.md). Each piece is checksummed as it is copied, a chunk at a time
+// while it is in cache (ft/checksum.h). The manifest follows on the same thread; until it
+// is written a snapshot is incomplete and the previous one serves.
 //
 // Lent slots. The node agent's keeper (ft/parity_keeper.h) protects a snapshot by holding
 // its data file, not by copying it: it takes a shared flock(2) on DIR/<step>/data.bin and
@@ -77,16 +82,20 @@ class BackgroundWriter {
   // write plus the copy; CUDA state: plus queueing its copies).
   virtual double take(int64_t step, const std::vector<SavedPiece>& pieces);
   // Call before anything changes the state last taken (the next optimizer step): waits
-  // for its device copies if they are still running, and returns the microseconds that
-  // took (part of the snapshot's stall). 0 for CPU state.
-  double before_update() { return copies_.settle(); }
+  // for its copies if they are still running (a GPU's on the side stream; a Snapshotter's
+  // host state on the writer thread), and returns the microseconds that took (part of the
+  // snapshot's stall).
+  double before_update();
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
 
  protected:
   HostCopy copies_;  // the last take's copies; the writer thread waits for them first
 
-  void submit(int64_t step, std::vector<SavedPiece> pieces);
+  // Queues write(step, pieces). `host_copy`, when given, runs first on the writer thread,
+  // and before_update() runs it too: it must be safe to call from both at once, and return
+  // only once all of its work is done, whoever did it.
+  void submit(int64_t step, std::vector<SavedPiece> pieces, std::function<void()> host_copy = {});
   void drain() noexcept;  // waits for the write in flight, ignoring failures
 
  private:
@@ -96,8 +105,14 @@ class BackgroundWriter {
   WriteFn write_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::optional<std::pair<int64_t, std::vector<SavedPiece>>> pending_;
+  struct Job {
+    int64_t step;
+    std::vector<SavedPiece> pieces;
+    std::function<void()> host_copy;
+  };
+  std::optional<Job> pending_;
   bool busy_ = false, stop_ = false;
+  std::function<void()> copying_;  // the last job's host_copy, until the writer has run it
   std::string failure_;
   std::vector<at::Tensor> staging_;  // host copies, reused from take to take
   at::Tensor device_staging_;        // one buffer holding the copies of device tensors
@@ -159,6 +174,10 @@ class Snapshotter : public BackgroundWriter {
   std::atomic<int> keep_{kSlots};  // snapshots the commit keeps: one per slot
   bool warned_full_ = false;       // the line about a skipped snapshot was printed
   bool made_slot_ = false;         // see made_slot()
+  // The CRC of each piece of the snapshot in flight that take() copied and checksummed in
+  // one pass (CPU, contiguous); the writer thread computes the others. Written by take()
+  // only after the previous commit is done.
+  std::vector<std::optional<uint32_t>> crcs_;
 };
 
 }  // namespace trireme::ft
