@@ -15,9 +15,13 @@ random windows of the bundled corpus (--zero 1: PyTorch's ZeroRedundancyOptimize
 ZeRO-1, around the same AdamW), and a loss all-reduce per step for logging (Trireme does
 the same, inside its step time).
 
+With --checkpoint-every N, rank 0 torch.saves the model, optimizer and batch generators every
+N steps (OUT/checkpoint/state.pt), and a restarted worker (torchrun --max-restarts) torch.loads
+it and continues: the plain-restart peer of bench/fault_tolerance's recovery.
+
 Rank 0 writes OUT/metrics.jsonl, one JSON object per step: step, loss, lr, tokens_per_s,
 step_ms, forward_ms, backward_ms (in DDP this includes waiting for the last buckets'
-all-reduce), optimizer_ms, grad_norm; and OUT/buckets.json with DDP's bucket sizes in bytes
+all-reduce), optimizer_ms, grad_norm, checkpoint_ms, restart (torchrun's restart count); and OUT/buckets.json with DDP's bucket sizes in bytes
 and every rank's AdamW state bytes.
 """
 from __future__ import annotations
@@ -101,6 +105,9 @@ def main() -> int:
                     help="1: ZeroRedundancyOptimizer (PyTorch's ZeRO-1) around AdamW")
     ap.add_argument("--data", default=DEFAULT_CORPUS)
     ap.add_argument("--out", required=True, help="directory for metrics.jsonl (rank 0)")
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="torch.save the state every N steps into --checkpoint-dir (0: never)")
+    ap.add_argument("--checkpoint-dir", help="default: OUT/checkpoint")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -139,13 +146,42 @@ def main() -> int:
         w = corpus[offs + ar].long()                       # (B, T+1)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
+    # Plain checkpointing, the way a PyTorch job without in-memory snapshots restarts: rank
+    # 0 torch.saves the model, optimizer and every rank's batch generator (a rename makes the
+    # file appear whole); after torchrun restarts the workers (--max-restarts), each one
+    # torch.loads it and continues from its step.
+    ckpt = os.path.join(args.checkpoint_dir or os.path.join(args.out, "checkpoint"), "state.pt")
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    first = 0
+    if os.path.exists(ckpt):
+        t = time.perf_counter()
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generators"][rank])
+        first = state["step"]
+        if rank == 0:
+            print(f"ddp_peer: resumed at step {first} in {(time.perf_counter() - t) * 1e3:.1f} ms (torch.load)",
+                  file=sys.stderr, flush=True)
+
+    def save(steps_done: int) -> float:
+        t = time.perf_counter()
+        generators = [None] * world
+        dist.all_gather_object(generators, gen.get_state())
+        if rank == 0:
+            os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generators": generators,
+                        "step": steps_done}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+        return (time.perf_counter() - t) * 1e3
+
     metrics = None
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        metrics = open(os.path.join(args.out, "metrics.jsonl"), "w")
+        metrics = open(os.path.join(args.out, "metrics.jsonl"), "a" if first else "w")
     tokens_per_step = args.batch * args.seq
 
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         lr = lr_at(step, args.lr, args.min_lr, warmup, args.steps)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -179,12 +215,14 @@ def main() -> int:
         if world > 1:
             dist.all_reduce(local_loss)
         step_s = time.perf_counter() - t0
+        save_ms = save(step + 1) if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 else 0.0
         if metrics is not None:
             metrics.write(json.dumps({
                 "step": step + 1, "loss": local_loss.item() / world, "lr": lr,
                 "tokens_per_s": tokens_per_step / step_s, "step_ms": step_s * 1e3,
                 "forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3,
-                "optimizer_ms": (o1 - o0) * 1e3, "grad_norm": float(gn)}) + "\n")
+                "optimizer_ms": (o1 - o0) * 1e3, "grad_norm": float(gn),
+                "checkpoint_ms": save_ms, "restart": restart}) + "\n")
             metrics.flush()
 
     # This rank's AdamW state (exp_avg, exp_avg_sq), gathered on rank 0.

@@ -198,3 +198,52 @@ TEST(Snapshotter, NonContiguousPiecesAreCopiedInOrder) {
   const Checkpoint c = Checkpoint::open(area.path + "/7", /*verify_data=*/true);
   EXPECT_TRUE(at::equal(c.read("t", {{0, 0}, {6, 4}}), transposed.contiguous()));
 }
+
+// Restoring reads a slice straight into the destination tensor, copying and checksumming in
+// one pass; a flipped byte is still caught, and other dtypes and boxes take the general path.
+TEST(Snapshotter, ReadIntoFillsTheTensorInPlaceAndChecksTheCrc) {
+  TempDir area;
+  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
+  const at::Tensor weight = at::randn({64, 33});
+  snapshots.take(3, pieces_of(weight, at::full({1}, 3, at::kLong)));
+  snapshots.wait();
+  const std::string dir = area.path + "/3";
+  {
+    const Checkpoint c = Checkpoint::open(dir, /*verify_data=*/false);
+    at::Tensor into = at::zeros({64, 33});
+    const void* storage = into.data_ptr();
+    c.read_into("w", {{0, 0}, {64, 33}}, into);
+    EXPECT_TRUE(at::equal(into, weight));
+    EXPECT_EQ(into.data_ptr(), storage);
+    at::Tensor wider = at::zeros({64, 33}, at::kDouble);
+    c.read_into("w", {{0, 0}, {64, 33}}, wider);
+    EXPECT_TRUE(at::equal(wider, weight.to(at::kDouble)));
+    at::Tensor part = at::zeros({10, 5});
+    c.read_into("w", {{3, 7}, {10, 5}}, part);
+    EXPECT_TRUE(at::equal(part, weight.narrow(0, 3, 10).narrow(1, 7, 5)));
+    EXPECT_THROW(c.read_into("w", {{0, 0}, {64, 33}}, at::zeros({33, 64})), trireme::InvalidArgument);
+  }
+  uint64_t offset = 0;
+  for (const auto& slice : Checkpoint::open(dir, /*verify_data=*/false).slices())
+    if (slice.tensor == "w") offset = slice.offset + slice.bytes / 2;
+  ASSERT_GT(offset, 0u);
+  {
+    const int fd = ::open((dir + "/data.bin").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    unsigned char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+    byte ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+    ::close(fd);
+  }
+  const Checkpoint damaged = Checkpoint::open(dir, /*verify_data=*/false);
+  at::Tensor into = at::zeros({64, 33});
+  try {
+    damaged.read_into("w", {{0, 0}, {64, 33}}, into);
+    FAIL() << "a flipped byte was read without complaint";
+  } catch (const trireme::CheckpointCorrupt& e) {
+    EXPECT_NE(std::string(e.what()).find("CRC-32 mismatch"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(damaged.read_into("w", {{0, 0}, {64, 33}}, at::zeros({64, 33}, at::kDouble)),
+               trireme::CheckpointCorrupt);
+}

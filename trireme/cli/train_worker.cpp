@@ -319,6 +319,10 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (restart == 0 && std::sscanf(spec, "%d:%lld", &victim, &at) == 2 && victim == rank) hang_at = at;
   }
   double last_stall = 0;  // the last snapshot's stall / its step's time, until reduced
+  struct {
+    double held_us = 0, step_us = 0;  // step_us 0: no snapshot waits to be judged
+    int64_t every = 1;
+  } unjudged;  // the last snapshot, until the next step's before_update() completes its stall
   int64_t snapshot_every = ft::snapshot_interval(opt.snapshot_every, snapshot_dir);
   // Disk checkpoints are written in the background too, committed through the store.
   std::unique_ptr<ft::BackgroundWriter> checkpointer;
@@ -390,7 +394,16 @@ int train_worker_main(const std::vector<std::string>& args) {
 
     // No parameter may change before the last snapshot's copy (on a GPU's side stream) has
     // read it: a wait here, if the copy is still running, is part of the snapshot's stall.
-    if (snapshotter) times.snapshot_us += snapshotter->before_update();
+    if (snapshotter) {
+      const double waited = snapshotter->before_update();
+      times.snapshot_us += waited;
+      // The last snapshot's stall is now whole: what its step was held for the copy plus
+      // this wait. Spread over the steps of its interval, it is the overhead the policy
+      // below judges.
+      if (unjudged.step_us > 0)
+        last_stall = (unjudged.held_us + waited) / (unjudged.step_us * static_cast<double>(unjudged.every));
+      unjudged = {};
+    }
     if (checkpointer) times.checkpoint_us += checkpointer->before_update();
     const double o0 = obs::now_us();
     const double cpu0 = obs::thread_cpu_us();  // the emulated slowdown's measure (no waits)
@@ -440,17 +453,16 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (hang_at == step + 1) ::pause();  // test seam: hang (no heartbeat, no exit)
     // A snapshot that creates a slot (the first ones of a process, and one more while the
     // node agent holds a slot) pays its page allocation once: not what snapshots cost.
-    bool made_slot = false;
+    double snapshot_held_us = -1;
     if (snapshotter && (step + 1) % snapshot_every == 0) {
-      times.snapshot_us += ft::take_snapshot(train_state, *snapshotter, step + 1);
-      made_slot = snapshotter->made_slot();
+      snapshot_held_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
+      times.snapshot_us += snapshot_held_us;
+      if (snapshotter->made_slot()) snapshot_held_us = -1;
     }
     if (checkpointer && (step + 1) % opt.checkpoint_every == 0)
       times.checkpoint_us += ft::save_checkpoint_async(train_state, *checkpointer, step + 1);
     times.step_us = obs::now_us() - step_start;
-    // Overhead: the stall spread over the steps of one snapshot interval.
-    if (times.snapshot_us > 0 && !made_slot)
-      last_stall = times.snapshot_us / (times.step_us * static_cast<double>(snapshot_every));
+    if (snapshot_held_us >= 0) unjudged = {snapshot_held_us, times.step_us, snapshot_every};
     elapsed_s += times.step_us / 1e6;
 
     if (leader) {

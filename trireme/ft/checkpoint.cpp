@@ -319,7 +319,7 @@ struct Checkpoint::Mapping {
   }
 };
 
-const unsigned char* Checkpoint::read_slice(const Slice& slice) const {
+const unsigned char* Checkpoint::mapped_slice(const Slice& slice) const {
   const std::string path = dir_ + "/" + slice.file;
   auto& mapping = mapped_[slice.file];
   if (!mapping) {
@@ -336,10 +336,17 @@ const unsigned char* Checkpoint::read_slice(const Slice& slice) const {
   if (slice.offset > mapping->size || slice.bytes > mapping->size - slice.offset)
     TRIREME_THROW(CheckpointCorrupt, path, ": cannot read bytes ", slice.offset, "..", slice.offset + slice.bytes,
                   " (truncated?)");
-  const unsigned char* bytes = mapping->base + slice.offset;
-  if (crc32(bytes, slice.bytes) != slice.crc)
-    TRIREME_THROW(CheckpointCorrupt, path, ": CRC-32 mismatch in bytes ", slice.offset, "..",
-                  slice.offset + slice.bytes, " (box ", ft::describe(slice.box), "): the file is damaged");
+  return mapping->base + slice.offset;
+}
+
+void Checkpoint::throw_crc_mismatch(const Slice& slice) const {
+  TRIREME_THROW(CheckpointCorrupt, dir_, "/", slice.file, ": CRC-32 mismatch in bytes ", slice.offset, "..",
+                slice.offset + slice.bytes, " (box ", ft::describe(slice.box), "): the file is damaged");
+}
+
+const unsigned char* Checkpoint::read_slice(const Slice& slice) const {
+  const unsigned char* bytes = mapped_slice(slice);
+  if (crc32(bytes, slice.bytes) != slice.crc) throw_crc_mismatch(slice);
   return bytes;
 }
 
@@ -384,12 +391,22 @@ bool Checkpoint::covers(const std::string& name, const Box& want) const {
 at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
   auto it = tensors_.find(name);
   TRIREME_CHECK(it != tensors_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
+  at::Tensor out = at::empty(want.size, at::TensorOptions(dtype_of(it->second.dtype, dir_)));
+  read_into(name, want, out);
+  return out;
+}
+
+void Checkpoint::read_into(const std::string& name, const Box& want, const at::Tensor& out) const {
+  auto it = tensors_.find(name);
+  TRIREME_CHECK(it != tensors_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
   const Tensor& tensor = it->second;
   const at::ScalarType dtype = dtype_of(tensor.dtype, dir_);
   TRIREME_CHECK(want.start.size() == tensor.shape.size() && intersect(want, whole(tensor.shape)) &&
                     intersect(want, whole(tensor.shape))->numel() == want.numel(),
                 "box ", ft::describe(want), " is outside tensor '", name, "' of the checkpoint");
-  at::Tensor out = at::empty(want.size, at::TensorOptions(dtype));
+  TRIREME_CHECK(out.sizes().vec() == want.size, "reading box ", ft::describe(want), " of '", name,
+                "' into a tensor of another shape");
+  const bool direct = out.device().is_cpu() && out.scalar_type() == dtype && out.is_contiguous();
   int64_t covered = 0;
   for (const Slice& slice : tensor.slices) {
     const auto common = intersect(slice.box, want);
@@ -398,6 +415,11 @@ at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
     if (static_cast<int64_t>(slice.bytes) != slice.box.numel() * element)
       TRIREME_THROW(CheckpointCorrupt, dir_, "/", slice.file, ": slice of '", name, "' has ", slice.bytes,
                     " bytes for box ", ft::describe(slice.box));
+    if (direct && slice.box.start == want.start && slice.box.size == want.size) {
+      if (copy_with_crc32(out.data_ptr(), mapped_slice(slice), slice.bytes) != slice.crc) throw_crc_mismatch(slice);
+      covered += common->numel();
+      continue;
+    }
     const unsigned char* bytes = read_slice(slice);
     at::Tensor stored = at::from_blob(const_cast<unsigned char*>(bytes), slice.box.size, at::TensorOptions(dtype));
     at::Tensor from = stored, to = out;
@@ -411,7 +433,6 @@ at::Tensor Checkpoint::read(const std::string& name, const Box& want) const {
   if (covered != want.numel())
     TRIREME_THROW(CheckpointCorrupt, dir_, ": tensor '", name, "' box ", ft::describe(want), " is covered by ",
                   covered, " of its ", want.numel(), " elements");
-  return out;
 }
 
 std::string Checkpoint::describe() const {

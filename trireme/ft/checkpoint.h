@@ -114,6 +114,11 @@ class Checkpoint {
   // CRC checked as it is read). Throws CheckpointCorrupt when the slices do not cover it,
   // InvalidArgument for an unknown tensor or a box outside it.
   at::Tensor read(const std::string& name, const Box& want) const;
+  // The same, into `out` (of the box's shape; any dtype and device, converted). A slice
+  // that is the whole box, read into a contiguous host tensor of its dtype, is copied and
+  // checksummed in one pass (checksum.h): restoring a snapshot of the same layout is then
+  // one copy of each tensor. On a CRC mismatch `out` may hold some of the damaged bytes.
+  void read_into(const std::string& name, const Box& want, const at::Tensor& out) const;
   // Every slice the manifest lists, tensors in name order (for code that moves a
   // checkpoint's files whole, such as ft/parity_keeper.h).
   struct SliceRecord {
@@ -140,8 +145,11 @@ class Checkpoint {
     std::vector<Slice> slices;
   };
   struct Mapping;  // a shard file mapped read-only, shared by the copies of this object
-  // The slice's bytes in its file's mapping, after checking they are there and their CRC.
+  // The slice's bytes in its file's mapping, after checking they are there (mapped_slice)
+  // and, for read_slice, their CRC.
+  const unsigned char* mapped_slice(const Slice& slice) const;
   const unsigned char* read_slice(const Slice& slice) const;
+  [[noreturn]] void throw_crc_mismatch(const Slice& slice) const;
 
   std::string dir_;
   int64_t step_ = 0;

@@ -69,6 +69,15 @@ at::Tensor read_local(const Checkpoint& c, const std::string& kind, const std::s
   return parts.size() == 1 ? parts[0] : at::cat(parts, shard.spec.dim);
 }
 
+// The same, into `local` (a parameter): in place, one copy, when it is one box.
+void read_local_into(const Checkpoint& c, const std::string& kind, const std::string& name, const LocalShard& shard,
+                     const at::Tensor& local) {
+  if (shard.boxes.size() == 1)
+    c.read_into(kind + "/" + name, shard.boxes[0], local);
+  else
+    local.copy_(read_local(c, kind, name, shard));
+}
+
 // The generators this rank's training draws from, by checkpoint name: the CPU's, and its
 // GPU's when the parameters live on one (dropout and initialisation there).
 std::vector<std::pair<std::string, at::Generator>> generators(const TrainingState& s) {
@@ -169,7 +178,7 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
                   "': it is of another model; train it with its own --layers/--dim/--heads/--seq or start afresh");
     TRIREME_CHECK(checkpoint.shape("param/" + name) == shard.shape, "checkpoint ", chosen, ": parameter '", name,
                   "' has another shape than this model's; use the flags of the run that wrote it");
-    param.detach().copy_(read_local(checkpoint, "param", name, shard));
+    read_local_into(checkpoint, "param", name, shard, param.detach());
     if (checkpoint.has("exp_avg/" + name)) {
       const int64_t step = checkpoint.read("step/" + name, whole({1})).item<int64_t>();
       optimizer[param.unsafeGetTensorImpl()] = {step, read_local(checkpoint, "exp_avg", name, shard).to(param.device()),
