@@ -111,7 +111,17 @@ def main() -> int:
     args = ap.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun (2.7, --standalone) keeps one agent store across restarts, and Gloo's
+        # rendezvous keys of the killed generation are still in it: the restarted workers'
+        # connectFullMesh fails on them. A prefix per restart keeps the generations apart.
+        store = dist.PrefixStore(f"peer-restart-{restart}", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), False))
+        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % (world * args.micro_batches) != 0:
         if rank == 0:
@@ -151,7 +161,6 @@ def main() -> int:
     # file appear whole); after torchrun restarts the workers (--max-restarts), each one
     # torch.loads it and continues from its step.
     ckpt = os.path.join(args.checkpoint_dir or os.path.join(args.out, "checkpoint"), "state.pt")
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     first = 0
     if os.path.exists(ckpt):
         t = time.perf_counter()
