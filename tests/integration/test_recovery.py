@@ -1,9 +1,11 @@
 """Recovery from worker failures through `trireme train gpt --max-restarts 1` (real
 processes, real kill -9):
 
-- kill -9 of one worker at a random step of a DP=2, a DP=2 x PP=2 and a ZeRO-2 run: the run
-  completes by itself, resuming from the in-memory snapshots, and its final parameters are
-  bitwise equal to an uninterrupted run with the same seed (so are its per-step losses);
+- kill -9 of one worker at a random step of a DP=2, a DP=2 x PP=2, a DP=2 x TP=2 and a
+  ZeRO-2 run: the run completes by itself, resuming from the in-memory snapshots, and its
+  final parameters are bitwise equal to an uninterrupted run with the same seed (so are
+  its per-step losses); with snapshots shared by the data-parallel replicas (the default)
+  and with whole ones (--snapshot-share 0);
 - kill -9 in the middle of a snapshot (data written, manifest not; through the
   TRIREME_TEST_KILL_IN_SNAPSHOT seam, which makes the worker SIGKILL itself there):
   recovery uses the previous complete snapshot, still bitwise equal at the end;
@@ -91,7 +93,7 @@ class Recovery(unittest.TestCase):
              "--steps", str(steps), "--quiet"] + layout + MODEL, timeout=300)
         return raw(dump), [m["loss"] for m in metrics(out)]
 
-    def check(self, nproc, layout, victim, kill_at=None, env=None, steps=STEPS, after_standby=False):
+    def check(self, nproc, layout, victim, kill_at=None, env=None, steps=STEPS, after_standby=False, shared=None):
         ref_params, ref_losses = self.reference(nproc, layout, steps)
         out = os.path.join(self.dir, "killed")
         dump = out + ".params"
@@ -119,6 +121,8 @@ class Recovery(unittest.TestCase):
         self.assertTrue(resumed, f"the restarted workers did not resume from a snapshot:\n{stderr[-3000:]}")
         print(f"{' '.join(layout)}: killed rank {victim} after step {killed_at}; {resumed[0].strip()}")
         self.assertIn("from memory snapshots", resumed[0])
+        if shared is not None:  # the data-parallel replicas shared each snapshot (--snapshot-share)
+            self.assertEqual(f"(shared by {shared} replicas)" in resumed[0], shared > 1, resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
         self.assertEqual(raw(dump), ref_params, "final parameters differ from the uninterrupted run")
@@ -126,15 +130,27 @@ class Recovery(unittest.TestCase):
         return stderr
 
     def test_kill_dp2(self):
-        self.check(2, ["--dp", "2"], victim=1, kill_at=random.randint(3, STEPS // 2))
+        # By default the two replicas share each snapshot, each holding half the tensors.
+        self.check(2, ["--dp", "2"], victim=1, kill_at=random.randint(3, STEPS // 2), shared=2)
+
+    def test_kill_dp2_whole_snapshots(self):
+        # --snapshot-share 0: every rank snapshots all of its state and restores alone.
+        self.check(2, ["--dp", "2", "--snapshot-share", "0"], victim=random.randint(0, 1),
+                   kill_at=random.randint(3, STEPS // 2), shared=0)
 
     def test_kill_dp2_pp2(self):
         self.check(4, ["--dp", "2", "--pp", "2", "--micro-batches", "2"], victim=random.randint(0, 3),
-                   kill_at=random.randint(3, STEPS // 2))
+                   kill_at=random.randint(3, STEPS // 2), shared=2)
+
+    def test_kill_dp2_tp2(self):
+        # Shares of tensor-parallel shards; the replicated tensors (LayerNorms, some
+        # biases) are shared within each tensor-parallel rank's data-parallel group too.
+        self.check(4, ["--dp", "2", "--tp", "2"], victim=random.randint(0, 3), kill_at=random.randint(3, STEPS // 2),
+                   shared=2)
 
     def test_kill_zero2(self):
         # Under ZeRO each rank's snapshot holds only its own pieces' optimizer state.
-        self.check(2, ["--dp", "2", "--zero", "2"], victim=1, kill_at=random.randint(3, STEPS // 2))
+        self.check(2, ["--dp", "2", "--zero", "2"], victim=1, kill_at=random.randint(3, STEPS // 2), shared=0)
 
     def test_restart_activates_standby_workers(self):
         # trireme train starts the next generation's workers ahead of time; once they are

@@ -64,6 +64,8 @@ int train_main(const std::vector<std::string>& args) {
     TRIREME_CHECK(opt.plan.empty(), "--plan fixes the layout for one size; an elastic job (--nnodes MIN:MAX) "
                   "chooses dp per generation: drop --plan or give --nnodes N");
     TRIREME_CHECK(opt.dp == 0, "--dp is chosen per generation in an elastic job (--nnodes MIN:MAX); drop --dp");
+    TRIREME_CHECK(opt.snapshot_share != 1, "--snapshot-share 1 cannot be used in an elastic job (--nnodes MIN:MAX), "
+                  "which restores from whole replicas; leave it out");
     for (int nodes = launch::min_nodes(launch_options); nodes < launch_options.nnodes; ++nodes) {
       TrainOptions at = opt;
       try {

@@ -61,6 +61,9 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
         "in-memory snapshot every N steps (default: every step when --max-restarts > 0; 0: off)");
   p.add("snapshot-overhead", &o->snapshot_overhead,
         "target stall of snapshots as a fraction of step time; above it the interval doubles (0: fixed)");
+  p.add("snapshot-share", &o->snapshot_share,
+        "1: the replicas of a data-parallel group share each snapshot, each copying 1/dp of the state (default "
+        "with dp > 1, without ZeRO, in a job of fixed size); 0: every rank snapshots all of its state");
   p.add("device", &o->device, "cpu (Gloo) or cuda (NCCL, GPU = local rank)");
   p.add("plan", &o->plan,
         "run a plan written by trireme plan: its layout, global batch and model shape (and its emulated slow ranks)");
@@ -215,6 +218,8 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", o->keep_checkpoints);
   TRIREME_CHECK(o->snapshot_every >= -1, "--snapshot-every must be >= 0 (0: no snapshots), got ",
                 o->snapshot_every);
+  TRIREME_CHECK(o->snapshot_share >= -1 && o->snapshot_share <= 1,
+                "--snapshot-share must be 0 or 1 (1: data-parallel replicas share snapshots), got ", o->snapshot_share);
   TRIREME_CHECK(o->snapshot_overhead >= 0 && o->snapshot_overhead < 1,
                 "--snapshot-overhead must be in [0, 1) (a fraction of step time; 0 keeps the interval fixed)");
   if (o->checkpoint_dir.empty()) o->checkpoint_dir = o->out + "/checkpoints";

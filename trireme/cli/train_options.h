@@ -48,6 +48,7 @@ struct TrainOptions {
   bool resume = false;           // continue from the newest good checkpoint, if any
   int64_t snapshot_every = -1;   // in-memory snapshot every N steps; -1: 1 when restarts are allowed
   double snapshot_overhead = 0.03;  // double the interval while snapshots stall more than this
+  int64_t snapshot_share = -1;  // 1: a data-parallel group shares each snapshot; -1: when it can
   std::string device = "cpu";  // cpu (Gloo) or cuda (NCCL, one GPU per local rank)
   std::string plan;            // a plan from `trireme plan`: sets the layout, batch and model
   std::string emulate_slowdown;  // "RANK:FACTOR,...": compute of those ranks slowed (emulation)

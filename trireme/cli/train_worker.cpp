@@ -279,6 +279,10 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
   train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero};
+  // An elastic job restores from whatever whole replicas the nodes left hold: no shares.
+  TRIREME_CHECK(!(elastic && opt.snapshot_share == 1), "--snapshot-share 1 cannot be used in an elastic job "
+                "(--nnodes MIN:MAX), which restores from whole replicas; leave it out");
+  train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
   // Where this rank resumes: after a restart from the node's in-memory snapshots, else
   // (or when they cannot serve) from the newest checkpoint on disk.
   const int restart = world.info().restart_count;
@@ -294,8 +298,10 @@ int train_worker_main(const std::vector<std::string>& args) {
       std::fprintf(stderr, "gpt: restart %d: no step of the training state is whole in the memory of the nodes "
                            "left; resuming from the newest checkpoint in %s\n", restart, opt.checkpoint_dir.c_str());
   } else if (restart > 0 && !snapshot_dir.empty()) {
-    first_step = ft::load_snapshot(train_state, snapshot_dir);
-    if (first_step > 0) resumed_from = "memory snapshots";
+    bool shared = false;
+    first_step = ft::load_snapshot(train_state, snapshot_dir, &shared);
+    if (first_step > 0)
+      resumed_from = shared ? "memory snapshots (shared by " + std::to_string(opt.dp) + " replicas)" : "memory snapshots";
   }
   if (first_step == 0 && (opt.resume || restart > 0)) {
     first_step = ft::load_checkpoint(train_state, opt.checkpoint_dir);

@@ -112,13 +112,23 @@ std::string zero_key(const TrainingState& s, const std::string& name) {
   return s.tp > 1 ? name + "#tp" + std::to_string(s.tp_rank) : name;
 }
 
-// This rank's part of the training state as boxes of whole-model tensors. For a shared
-// checkpoint (`everything` false) the work is split: replicated tensors come from
-// tensor-parallel rank 0 and replica (i mod dp) writes the i-th tensor. A snapshot
-// (`everything` true) holds all of this rank's own state, so it can restore itself alone.
-std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
+// Which part of the training state a rank saves.
+enum class Part {
+  kCheckpoint,  // a shared checkpoint: replicated tensors from tensor-parallel rank 0,
+                // and replica (i mod dp) writes the i-th tensor
+  kOwn,         // a snapshot that restores this rank alone: all of its state (under
+                // ZeRO its own pieces' optimizer state, 1/d of the whole, no gather)
+  kReplicaShare,  // a snapshot shared by the data-parallel group (TrainingState::
+                  // share_snapshots): the i-th tensor's state when i mod dp is this
+                  // replica, and the "share/dp" marker; the group restores it together
+};
+
+int64_t share_of(size_t i, int dp) { return static_cast<int64_t>(i % static_cast<size_t>(dp)); }
+
+// This rank's part of the training state as boxes of whole-model tensors.
+std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
   const int dp = s.dp, dp_rank = s.dp_rank;
-  // A snapshot under ZeRO keeps this rank's own pieces' state (1/d of it, no gather).
+  const bool everything = part != Part::kCheckpoint;
   const bool own_pieces = everything && s.zero;
   const std::map<const void*, Optimizer> optimizer =
       own_pieces ? std::map<const void*, Optimizer>() : optimizer_state(s);
@@ -127,7 +137,7 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, param] = named[i];
     const LocalShard shard = local_shard(s, name, param);
-    if (!everything && static_cast<int>(i % static_cast<size_t>(dp)) != dp_rank) continue;
+    if (part != Part::kOwn && share_of(i, dp) != dp_rank) continue;
     if (!everything && shard.spec.replicated() && s.tp_rank != 0) continue;
     const auto add = [&](const std::string& kind, const at::Tensor& local) {
       const auto parts = split_local(local.detach(), shard.spec, shard.boxes.size());
@@ -159,6 +169,8 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, bool everything) {
       pieces.push_back({"zero/step/" + key, {1}, whole({1}), at::full({1}, states[i].step, at::kLong)});
     }
   }
+  if (part == Part::kReplicaShare)
+    pieces.push_back({"share/dp", {2}, whole({2}), at::tensor({static_cast<int64_t>(dp), static_cast<int64_t>(dp_rank)})});
   for (auto& [name, generator] : generators(s)) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     const at::Tensor rng = generator.get_state();  // a CPU byte tensor, also for a GPU's
@@ -233,6 +245,72 @@ int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t va
   return reduce_over(s, group, at::full({1}, value, at::kLong), op).cpu().item<int64_t>();
 }
 
+// Restores a snapshot shared by the data-parallel group (Part::kReplicaShare): each
+// replica reads the tensors it holds from `own`, its own snapshot, then broadcasts them,
+// all of them in one buffer, to the rest of its group. A collective over the group.
+void load_shared(const TrainingState& s, const Checkpoint& own) {
+  const dist::Group group = s.dp_group ? s.dp_group : s.world->group();
+  TRIREME_CHECK(s.adamw, "snapshot ", own.dir(), " is shared by the data-parallel group, which ZeRO snapshots are not; "
+                "resume with the flags of the run that wrote it");
+  TRIREME_CHECK(group->getSize() == s.dp && group->getRank() == s.dp_rank,
+                "load_snapshot: TrainingState::dp_group does not match dp and dp_rank");
+  const at::Tensor share = own.read("share/dp", whole({2}));
+  TRIREME_CHECK(share[0].item<int64_t>() == s.dp && share[1].item<int64_t>() == s.dp_rank, "snapshot ", own.dir(),
+                " is replica ", share[1].item<int64_t>(), "'s share of ", share[0].item<int64_t>(),
+                ", but this rank is replica ", s.dp_rank, " of ", s.dp, "; restart with the layout that wrote it");
+  at::NoGradGuard no_grad;
+  const size_t n = s.parameters.size();
+  const at::Device device = n ? s.parameters.front().second.device() : at::Device(at::kCPU);
+  // Each parameter's optimizer step, from the replica that holds it (0: no state yet).
+  at::Tensor steps = at::zeros({static_cast<int64_t>(n)}, at::kLong);
+  std::vector<Optimizer> states(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (share_of(i, s.dp) != s.dp_rank) continue;
+    const auto& [name, param] = s.parameters[i];
+    const LocalShard shard = local_shard(s, name, param);
+    TRIREME_CHECK(own.has("param/" + name) && own.shape("param/" + name) == shard.shape, "snapshot ", own.dir(),
+                  " does not hold parameter '", name, "' as this model has it; use the flags of the run that wrote it");
+    read_local_into(own, "param", name, shard, param.detach());
+    if (!own.has("exp_avg/" + name)) continue;
+    states[i] = {own.read("step/" + name, whole({1})).item<int64_t>(),
+                 read_local(own, "exp_avg", name, shard).to(device), read_local(own, "exp_avg_sq", name, shard).to(device)};
+    steps[i] = states[i].step;
+  }
+  if (s.dp > 1) steps = reduce_over(s, group, steps, c10d::ReduceOp::SUM, "snapshot share").cpu();
+  for (int root = 0; root < s.dp && s.dp > 1; ++root) {
+    std::vector<at::Tensor> tensors;  // of root's share, in order, each flat
+    for (size_t i = static_cast<size_t>(root); i < n; i += static_cast<size_t>(s.dp)) {
+      const at::Tensor param = s.parameters[i].second.detach();
+      const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
+      if (root != s.dp_rank && step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
+      tensors.push_back(param.reshape(-1));
+      if (step > 0) {
+        tensors.push_back(states[i].exp_avg.reshape(-1));
+        tensors.push_back(states[i].exp_avg_sq.reshape(-1));
+      }
+    }
+    int64_t bytes = 0;
+    for (const at::Tensor& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    std::vector<at::Tensor> buffer{at::empty({bytes}, at::TensorOptions(at::kByte).device(device))};
+    const auto each = [&](const auto& fn) {
+      int64_t offset = 0;
+      for (const at::Tensor& t : tensors) {
+        const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+        fn(t.view(at::kByte), buffer[0].narrow(0, offset, size));
+        offset += size;
+      }
+    };
+    if (root == s.dp_rank) each([](const at::Tensor& t, const at::Tensor& slot) { slot.copy_(t); });
+    c10d::BroadcastOptions from;
+    from.rootRank = root;
+    dist::run_collective("snapshot share", [&] { return group->broadcast(buffer, from); });
+    if (root != s.dp_rank) each([](const at::Tensor& t, const at::Tensor& slot) { t.copy_(slot); });
+  }
+  for (size_t i = 0; i < n; ++i)
+    parallel::set_adamw_state(*s.adamw, s.parameters[i].second.unsafeGetTensorImpl(), states[i]);
+  restore_generator(s, own);
+}
+
 // MIN of `value` over the world (a collective).
 int64_t world_min(const TrainingState& s, int64_t value) {
   return reduce_over(s, s.world->group(), value, c10d::ReduceOp::MIN);
@@ -291,13 +369,13 @@ std::vector<const Checkpoint*> cover(const TrainingState& s, const std::vector<C
 }  // namespace
 
 void save_checkpoint(const TrainingState& s, const std::string& root, int64_t steps_done, int keep) {
-  write_checkpoint(root, steps_done, s.layout, state_pieces(s, false), *s.world, keep);
+  write_checkpoint(root, steps_done, s.layout, state_pieces(s, Part::kCheckpoint), *s.world, keep);
 }
 
 // Both count the listing of the state (views, generator states) as part of the hold.
 double save_checkpoint_async(const TrainingState& s, BackgroundWriter& writer, int64_t steps_done) {
   const double start = obs::now_us();
-  writer.take(steps_done, state_pieces(s, false));
+  writer.take(steps_done, state_pieces(s, Part::kCheckpoint));
   return obs::now_us() - start;
 }
 
@@ -313,7 +391,7 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, cons
 
 double take_snapshot(const TrainingState& s, Snapshotter& snapshotter, int64_t steps_done) {
   const double start = obs::now_us();
-  snapshotter.take(steps_done, state_pieces(s, true));
+  snapshotter.take(steps_done, state_pieces(s, s.share_snapshots && !s.zero && s.dp > 1 ? Part::kReplicaShare : Part::kOwn));
   return obs::now_us() - start;
 }
 
@@ -337,7 +415,7 @@ int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
   return checkpoint.step();
 }
 
-int64_t load_snapshot(const TrainingState& s, const std::string& dir) {
+int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shared_out) {
   // The newest step every rank has a complete snapshot of (each keeps two).
   const std::vector<int64_t> mine = Snapshotter::complete_steps(dir);
   int64_t bound = INT64_MAX;
@@ -352,7 +430,17 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir) {
     if (agreed < 0) return 0;
     const bool have = std::find(mine.begin(), mine.end(), agreed) != mine.end();
     if (world_min(s, have ? 1 : 0) == 1) {
-      load_from(s, Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false));
+      const Checkpoint own = Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false);
+      // Shared by the data-parallel group (every rank's or none: the same flags wrote them).
+      const int64_t shared = own.has("share/dp") ? 1 : 0;
+      if (world_min(s, shared) != -world_min(s, -shared))
+        TRIREME_THROW(Error, "the snapshots of step ", agreed, " are shared by the data-parallel group on some ranks "
+                             "and not on others; resume from a checkpoint");
+      if (shared_out) *shared_out = shared != 0;
+      if (shared)
+        load_shared(s, own);
+      else
+        load_from(s, own);
       return agreed;
     }
     bound = agreed - 1;

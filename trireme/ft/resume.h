@@ -14,7 +14,11 @@
 // parameter. A snapshot holds all of a rank's own state, so that every rank can restore
 // itself from its own node's memory; under ZeRO that is its own pieces' state
 // (boxes of each flattened parameter, "zero/exp_avg/NAME"), 1/d of the whole, taken
-// without communication.
+// without communication. With TrainingState::share_snapshots (no ZeRO, dp > 1) the
+// replicas of a data-parallel group share a snapshot as REFT does: replica (i mod dp)
+// holds the i-th tensor's state (and each its own generators and a "share/dp" marker), so
+// each copies 1/dp of what it would alone; load_snapshot() then has each replica read its
+// share and broadcast it to the group.
 //
 // Loading reads, for each of this rank's parameters, the boxes its shard covers under the
 // current layout, whatever layout wrote them, and the same for the optimizer state
@@ -54,6 +58,10 @@ struct TrainingState {
   torch::optim::AdamW* adamw = nullptr;     // AdamW over the parameters, or
   parallel::ZeroOptimizer* zero = nullptr;  // ZeRO's, over its DataParallel's parameters
   CheckpointLayout layout;
+  // Snapshots shared by the data-parallel group (see above; ignored under ZeRO, whose
+  // snapshots are shares already, and when dp is 1). Not for elastic jobs:
+  // load_from_memory() needs a node to hold whole replicas.
+  bool share_snapshots = false;
 };
 
 // Writes the checkpoint of `steps_done` steps under `root`, keeping the newest `keep`.
@@ -73,8 +81,10 @@ double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64
 // Throws InvalidArgument when the checkpoint is of another model.
 int64_t load_checkpoint(const TrainingState& state, const std::string& root);
 // After a restart: loads the newest step of which every rank has a complete snapshot
-// (`dir`: this rank's) and returns it, or 0 when there is none. A collective.
-int64_t load_snapshot(const TrainingState& state, const std::string& dir);
+// (`dir`: this rank's) and returns it, or 0 when there is none. A collective. Snapshots
+// shared by the data-parallel group are restored together (a broadcast per replica);
+// `shared`, when given, says whether they were.
+int64_t load_snapshot(const TrainingState& state, const std::string& dir, bool* shared = nullptr);
 // After a restart that changed the job's membership (an elastic job lost or gained
 // machines, so the layout may be another): loads the newest step whose state this
 // rank's data-parallel group can find in its nodes' memory, and returns it (0: none, a
