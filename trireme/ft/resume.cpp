@@ -700,6 +700,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   state_.dp_rank = world.rank();
   state_.adamw = &optimizer;
   state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0};
+  state_.share_snapshots = options_.share_snapshots && !elastic_from_env();
   snapshot_dir_ = snapshot_dir_from_env(world.rank());
   snapshot_every_ = snapshot_interval(options_.snapshot_every, snapshot_dir_);
   CheckpointLayout own = state_.layout;

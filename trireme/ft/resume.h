@@ -122,6 +122,9 @@ struct ResumableOptions {
   // Steps between in-memory snapshots; -1: every step when the launcher allows restarts
   // (TORCHELASTIC_MAX_RESTARTS > 0) and gives a snapshot area, else none.
   int64_t snapshot_every = -1;
+  // The ranks share each snapshot, each copying 1/world size of the state (not in an
+  // elastic job, where they stay whole; see TrainingState::share_snapshots).
+  bool share_snapshots = true;
 };
 
 // Fault tolerance for a data-parallel program (every rank holds the whole model):
