@@ -16,7 +16,7 @@ processes, real kill -9):
 - restarts are bounded: with --max-restarts 1 a worker that always fails ends the job
   with one clear line after one restart;
 - the snapshot policy (--snapshot-overhead) doubles the interval while the stall exceeds
-  the target, and leaves it alone under a generous one;
+  the target, and leaves it alone when off;
 - nothing is left behind: no worker process, no snapshot area (put under a directory of
   the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
@@ -181,8 +181,9 @@ class Recovery(unittest.TestCase):
         # CheckFreq's policy: a stall above --snapshot-overhead doubles the interval. The
         # first three snapshots create their slots and are not judged; the fourth (step 4)
         # is, once step 5 has waited for the rest of its copy: every 2 steps, then the one
-        # of step 6 makes it 4 and the one of step 8 makes it 8. With a generous target the
-        # interval stays.
+        # of step 6 makes it 4 and the one of step 8 makes it 8. With the policy off
+        # (--snapshot-overhead 0) the interval stays. (Not a generous target instead: on a
+        # loaded machine a small model's stall can be most of its step.)
         out = os.path.join(self.dir, "policy")
         base = ["train", "gpt", "--nproc-per-node", "2", "--dp", "2", "--max-restarts", "1",
                 "--snapshot-every", "1", "--steps", "12"] + MODEL
@@ -192,7 +193,7 @@ class Recovery(unittest.TestCase):
         self.assertEqual([l.rsplit("now every ", 1)[1] for l in changes], ["2 steps", "4 steps", "8 steps"])
         for line in changes:
             self.assertGreater(float(line.split("cost ")[1].split("%")[0]), 0.0, line)
-        stderr = run(base + ["--out", out + "-generous", "--snapshot-overhead", "0.9"], timeout=300).stderr
+        stderr = run(base + ["--out", out + "-fixed", "--snapshot-overhead", "0"], timeout=300).stderr
         self.assertNotIn("snapshots cost", stderr)
 
     def test_restarts_are_bounded(self):
