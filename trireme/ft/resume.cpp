@@ -245,10 +245,56 @@ int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t va
   return reduce_over(s, group, at::full({1}, value, at::kLong), op).cpu().item<int64_t>();
 }
 
+// Another replica's share of step `step` in this node's memory, its rank directory a
+// sibling of `own_dir`: a complete snapshot marked as replica `root`'s share of this
+// group's size whose slices cover the boxes of every tensor of that share (so of this
+// stage and tensor-parallel rank). nullopt when the node holds none.
+std::optional<Checkpoint> local_share(const TrainingState& s, const std::string& own_dir, int64_t step, int root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(own_dir).parent_path(), ec)) {
+    const std::string dir = entry.path().string();
+    if (entry.path().filename().string().rfind("rank-", 0) != 0 || dir == own_dir) continue;
+    const std::vector<int64_t> steps = Snapshotter::complete_steps(dir);
+    if (std::find(steps.begin(), steps.end(), step) == steps.end()) continue;
+    try {
+      Checkpoint c = Checkpoint::open(dir + "/" + std::to_string(step), /*verify_data=*/false);
+      if (!c.has("share/dp")) continue;
+      const at::Tensor share = c.read("share/dp", whole({2}));
+      if (share[0].item<int64_t>() != s.dp || share[1].item<int64_t>() != root) continue;
+      bool covers = true;
+      for (size_t i = static_cast<size_t>(root); i < s.parameters.size() && covers; i += static_cast<size_t>(s.dp)) {
+        const auto& [name, param] = s.parameters[i];
+        const LocalShard shard = local_shard(s, name, param);
+        for (const Box& box : shard.boxes) covers = covers && c.covers("param/" + name, box);
+      }
+      if (covers) return c;
+    } catch (const CheckpointCorrupt&) {
+      // a damaged copy serves nothing; the group's broadcast will
+    }
+  }
+  return std::nullopt;
+}
+
+// Reads share `root` (param, and AdamW's state where its step is above 0) from `c` into
+// the parameters and `states`, which must hold tensors for that state.
+void read_share(const TrainingState& s, const Checkpoint& c, int root, std::vector<Optimizer>& states) {
+  for (size_t i = static_cast<size_t>(root); i < s.parameters.size(); i += static_cast<size_t>(s.dp)) {
+    const auto& [name, param] = s.parameters[i];
+    const LocalShard shard = local_shard(s, name, param);
+    read_local_into(c, "param", name, shard, param.detach());
+    if (states[i].step == 0) continue;
+    read_local_into(c, "exp_avg", name, shard, states[i].exp_avg);
+    read_local_into(c, "exp_avg_sq", name, shard, states[i].exp_avg_sq);
+  }
+}
+
 // Restores a snapshot shared by the data-parallel group (Part::kReplicaShare): each
-// replica reads the tensors it holds from `own`, its own snapshot, then broadcasts them,
-// all of them in one buffer, to the rest of its group. A collective over the group.
-void load_shared(const TrainingState& s, const Checkpoint& own) {
+// replica reads the tensors it holds from `own`, its own snapshot (in `own_dir`), and the
+// other replicas' shares from their snapshots where this node holds them; a share some
+// replica's node lacks is broadcast by its holder, all of it in one buffer. A collective
+// over the group.
+void load_shared(const TrainingState& s, const Checkpoint& own, const std::string& own_dir) {
   const dist::Group group = s.dp_group ? s.dp_group : s.world->group();
   TRIREME_CHECK(s.adamw, "snapshot ", own.dir(), " is shared by the data-parallel group, which ZeRO snapshots are not; "
                 "resume with the flags of the run that wrote it");
@@ -276,13 +322,35 @@ void load_shared(const TrainingState& s, const Checkpoint& own) {
                  read_local(own, "exp_avg", name, shard).to(device), read_local(own, "exp_avg_sq", name, shard).to(device)};
     steps[i] = states[i].step;
   }
-  if (s.dp > 1) steps = reduce_over(s, group, steps, c10d::ReduceOp::SUM, "snapshot share").cpu();
+  // The other shares: from this node's memory where it holds them (lacking[root] 0), by a
+  // broadcast from their holder where some replica's node does not.
+  at::Tensor lacking = at::zeros({s.dp}, at::kLong);
+  std::vector<std::optional<Checkpoint>> here(static_cast<size_t>(s.dp));
+  for (int root = 0; root < s.dp; ++root) {
+    if (root == s.dp_rank) continue;
+    here[static_cast<size_t>(root)] = local_share(s, own_dir, own.step(), root);
+    if (!here[static_cast<size_t>(root)]) lacking[root] = 1;
+  }
+  if (s.dp > 1) {
+    // One all-reduce: the optimizer steps (each from its holder) and who lacks what.
+    const at::Tensor both = reduce_over(s, group, at::cat({steps, lacking}), c10d::ReduceOp::SUM, "snapshot share").cpu();
+    steps = both.narrow(0, 0, static_cast<int64_t>(n));
+    lacking = both.narrow(0, static_cast<int64_t>(n), s.dp);
+  }
   for (int root = 0; root < s.dp && s.dp > 1; ++root) {
+    for (size_t i = static_cast<size_t>(root); i < n && root != s.dp_rank; i += static_cast<size_t>(s.dp)) {
+      const at::Tensor param = s.parameters[i].second.detach();
+      const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
+      if (step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
+    }
+    if (lacking[root].item<int64_t>() == 0) {
+      if (root != s.dp_rank) read_share(s, *here[static_cast<size_t>(root)], root, states);
+      continue;
+    }
     std::vector<at::Tensor> tensors;  // of root's share, in order, each flat
     for (size_t i = static_cast<size_t>(root); i < n; i += static_cast<size_t>(s.dp)) {
       const at::Tensor param = s.parameters[i].second.detach();
       const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
-      if (root != s.dp_rank && step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
       tensors.push_back(param.reshape(-1));
       if (step > 0) {
         tensors.push_back(states[i].exp_avg.reshape(-1));
@@ -438,7 +506,7 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shar
                              "and not on others; resume from a checkpoint");
       if (shared_out) *shared_out = shared != 0;
       if (shared)
-        load_shared(s, own);
+        load_shared(s, own, dir);
       else
         load_from(s, own);
       return agreed;
