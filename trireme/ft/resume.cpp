@@ -255,8 +255,7 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::string&
   for (const auto& entry : fs::directory_iterator(fs::path(own_dir).parent_path(), ec)) {
     const std::string dir = entry.path().string();
     if (entry.path().filename().string().rfind("rank-", 0) != 0 || dir == own_dir) continue;
-    const std::vector<int64_t> steps = Snapshotter::complete_steps(dir);
-    if (std::find(steps.begin(), steps.end(), step) == steps.end()) continue;
+    if (!fs::exists(dir + "/" + std::to_string(step) + "/manifest.json", ec)) continue;  // not complete
     try {
       Checkpoint c = Checkpoint::open(dir + "/" + std::to_string(step), /*verify_data=*/false);
       if (!c.has("share/dp")) continue;
