@@ -36,6 +36,7 @@ namespace trireme::cli {
 
 struct StepTimes {
   double forward_us = 0, backward_us = 0, optimizer_us = 0, snapshot_us = 0, checkpoint_us = 0, step_us = 0;
+  double snapshot_writer_us = 0;  // CPU of the writer thread on the last snapshot it finished
 };
 
 // Converts steady-clock stamps to wall-clock ones, so the ranks' timelines line up.

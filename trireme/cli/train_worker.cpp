@@ -88,6 +88,7 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("buckets_overlapped", comm.buckets_overlapped())
       .add("grad_norm", grad_norm)
       .add("snapshot_ms", times.snapshot_us / 1e3)
+      .add("snapshot_writer_cpu_ms", times.snapshot_writer_us / 1e3)
       .add("checkpoint_ms", times.checkpoint_us / 1e3);
 }
 
@@ -402,6 +403,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     // read it: a wait here, if the copy is still running, is part of the snapshot's stall.
     if (snapshotter) {
       const double waited = snapshotter->before_update();
+      times.snapshot_writer_us = snapshotter->last_write_cpu_us();
       times.snapshot_us += waited;
       // The last snapshot's stall is now whole: what its step was held for the copy plus
       // this wait. Spread over the steps of its interval, it is the overhead the policy

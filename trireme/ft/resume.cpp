@@ -115,15 +115,36 @@ std::string zero_key(const TrainingState& s, const std::string& name) {
 // Which part of the training state a rank saves.
 enum class Part {
   kCheckpoint,  // a shared checkpoint: replicated tensors from tensor-parallel rank 0,
-                // and replica (i mod dp) writes the i-th tensor
+                // and each replica writes its share of the tensors (share_owners)
   kOwn,         // a snapshot that restores this rank alone: all of its state (under
                 // ZeRO its own pieces' optimizer state, 1/d of the whole, no gather)
   kReplicaShare,  // a snapshot shared by the data-parallel group (TrainingState::
-                  // share_snapshots): the i-th tensor's state when i mod dp is this
-                  // replica, and the "share/dp" marker; the group restores it together
+                  // share_snapshots): the state of this replica's share of the tensors
+                  // (share_owners), and the "share/dp" marker; the group restores it together
 };
 
-int64_t share_of(size_t i, int dp) { return static_cast<int64_t>(i % static_cast<size_t>(dp)); }
+// Which replica of the data-parallel group saves each of this rank's parameters (and its
+// optimizer state) when they share the work: the largest first, each to the replica with
+// the fewest elements so far (ties: the lower replica), so that the shares are about
+// equal in bytes. Every replica computes the same from the same shapes. (Assigning the
+// i-th tensor to replica i mod dp instead gave one replica every weight matrix and the
+// other every bias: weights and biases alternate.)
+std::vector<int> share_owners(const TrainingState& s) {
+  const size_t n = s.parameters.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return s.parameters[a].second.numel() > s.parameters[b].second.numel();
+  });
+  std::vector<int64_t> load(static_cast<size_t>(std::max(1, s.dp)), 0);
+  std::vector<int> owner(n, 0);
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());
+    owner[i] = static_cast<int>(least - load.begin());
+    *least += s.parameters[i].second.numel();
+  }
+  return owner;
+}
 
 // This rank's part of the training state as boxes of whole-model tensors.
 std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
@@ -134,10 +155,11 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
       own_pieces ? std::map<const void*, Optimizer>() : optimizer_state(s);
   std::vector<SavedPiece> pieces;
   const auto named = s.parameters;
+  const std::vector<int> owner = share_owners(s);
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& [name, param] = named[i];
     const LocalShard shard = local_shard(s, name, param);
-    if (part != Part::kOwn && share_of(i, dp) != dp_rank) continue;
+    if (part != Part::kOwn && owner[i] != dp_rank) continue;
     if (!everything && shard.spec.replicated() && s.tp_rank != 0) continue;
     const auto add = [&](const std::string& kind, const at::Tensor& local) {
       const auto parts = split_local(local.detach(), shard.spec, shard.boxes.size());
@@ -262,7 +284,9 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::string&
       const at::Tensor share = c.read("share/dp", whole({2}));
       if (share[0].item<int64_t>() != s.dp || share[1].item<int64_t>() != root) continue;
       bool covers = true;
-      for (size_t i = static_cast<size_t>(root); i < s.parameters.size() && covers; i += static_cast<size_t>(s.dp)) {
+      const std::vector<int> owner = share_owners(s);
+      for (size_t i = 0; i < s.parameters.size() && covers; ++i) {
+        if (owner[i] != root) continue;
         const auto& [name, param] = s.parameters[i];
         const LocalShard shard = local_shard(s, name, param);
         for (const Box& box : shard.boxes) covers = covers && c.covers("param/" + name, box);
@@ -278,7 +302,9 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::string&
 // Reads share `root` (param, and AdamW's state where its step is above 0) from `c` into
 // the parameters and `states`, which must hold tensors for that state.
 void read_share(const TrainingState& s, const Checkpoint& c, int root, std::vector<Optimizer>& states) {
-  for (size_t i = static_cast<size_t>(root); i < s.parameters.size(); i += static_cast<size_t>(s.dp)) {
+  const std::vector<int> owner = share_owners(s);
+  for (size_t i = 0; i < s.parameters.size(); ++i) {
+    if (owner[i] != root) continue;
     const auto& [name, param] = s.parameters[i];
     const LocalShard shard = local_shard(s, name, param);
     read_local_into(c, "param", name, shard, param.detach());
@@ -309,8 +335,9 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
   // Each parameter's optimizer step, from the replica that holds it (0: no state yet).
   at::Tensor steps = at::zeros({static_cast<int64_t>(n)}, at::kLong);
   std::vector<Optimizer> states(n);
+  const std::vector<int> owner = share_owners(s);
   for (size_t i = 0; i < n; ++i) {
-    if (share_of(i, s.dp) != s.dp_rank) continue;
+    if (owner[i] != s.dp_rank) continue;
     const auto& [name, param] = s.parameters[i];
     const LocalShard shard = local_shard(s, name, param);
     TRIREME_CHECK(own.has("param/" + name) && own.shape("param/" + name) == shard.shape, "snapshot ", own.dir(),
@@ -337,7 +364,8 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
     lacking = both.narrow(0, static_cast<int64_t>(n), s.dp);
   }
   for (int root = 0; root < s.dp && s.dp > 1; ++root) {
-    for (size_t i = static_cast<size_t>(root); i < n && root != s.dp_rank; i += static_cast<size_t>(s.dp)) {
+    for (size_t i = 0; i < n && root != s.dp_rank; ++i) {
+      if (owner[i] != root) continue;
       const at::Tensor param = s.parameters[i].second.detach();
       const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
       if (step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
@@ -347,7 +375,8 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
       continue;
     }
     std::vector<at::Tensor> tensors;  // of root's share, in order, each flat
-    for (size_t i = static_cast<size_t>(root); i < n; i += static_cast<size_t>(s.dp)) {
+    for (size_t i = 0; i < n; ++i) {
+      if (owner[i] != root) continue;
       const at::Tensor param = s.parameters[i].second.detach();
       const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
       tensors.push_back(param.reshape(-1));

@@ -9,16 +9,16 @@
 // (data/sampler.h) and a learning-rate schedule of the step need nothing more.
 //
 // In a checkpoint each tensor-parallel rank writes the boxes of its shards (replicated
-// tensors: rank 0 only) and the replicas of a data-parallel group share the work, replica
-// (i mod dp) writing the i-th tensor; under ZeRO the pieces' state is first gathered per
+// tensors: rank 0 only) and the replicas of a data-parallel group share the work, each
+// writing a share of the tensors about equal in bytes; under ZeRO the pieces' state is first gathered per
 // parameter. A snapshot holds all of a rank's own state, so that every rank can restore
 // itself from its own node's memory; under ZeRO that is its own pieces' state
 // (boxes of each flattened parameter, "zero/exp_avg/NAME"), 1/d of the whole, taken
 // without communication. With TrainingState::share_snapshots (no ZeRO, dp > 1) the
-// replicas of a data-parallel group share a snapshot as REFT does: replica (i mod dp)
-// holds the i-th tensor's state (and each its own generators and a "share/dp" marker), so
-// each copies 1/dp of what it would alone; load_snapshot() then has each replica read its
-// share and broadcast it to the group.
+// replicas of a data-parallel group share a snapshot as REFT does: each holds the state of
+// its share of the tensors, about 1/dp of the bytes (and its own generators and a
+// "share/dp" marker); load_snapshot() then has each replica read its share and the
+// others' from its node's memory, and broadcast a share some replica's node lacks.
 //
 // Loading reads, for each of this rank's parameters, the boxes its shard covers under the
 // current layout, whatever layout wrote them, and the same for the optimizer state

@@ -141,6 +141,7 @@ void BackgroundWriter::run(bool idle_priority) {
       job = std::move(*pending_);
       pending_.reset();
     }
+    const double cpu_start = obs::thread_cpu_us();
     std::string failure;
     const auto failed = [&](const std::exception& e) {
       failure = std::string("background write of step ") + std::to_string(job.step) + " failed: " + e.what();
@@ -160,6 +161,7 @@ void BackgroundWriter::run(bool idle_priority) {
     } catch (const std::exception& e) {
       failed(e);
     }
+    last_write_cpu_us_.store(obs::thread_cpu_us() - cpu_start);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (failure_.empty()) failure_ = failure;

@@ -88,6 +88,10 @@ class BackgroundWriter {
   double before_update();
   // Waits for the write in flight; throws the first write failure, if any.
   void wait();
+  // CPU time the writer thread spent on the last write it finished (its share of the
+  // copy, the checksums, the commit), in microseconds: what a snapshot costs the machine
+  // beyond the caller's stall.
+  double last_write_cpu_us() const { return last_write_cpu_us_.load(); }
 
  protected:
   HostCopy copies_;  // the last take's copies; the writer thread waits for them first
@@ -114,6 +118,7 @@ class BackgroundWriter {
   bool busy_ = false, stop_ = false;
   std::function<void()> copying_;  // the last job's host_copy, until the writer has run it
   std::string failure_;
+  std::atomic<double> last_write_cpu_us_{0};
   std::vector<at::Tensor> staging_;  // host copies, reused from take to take
   at::Tensor device_staging_;        // one buffer holding the copies of device tensors
   bool staging_pinned_ = false;      // device_staging_ is page-locked
