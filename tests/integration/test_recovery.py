@@ -196,6 +196,20 @@ class Recovery(unittest.TestCase):
         stderr = run(base + ["--out", out + "-fixed", "--snapshot-overhead", "0"], timeout=300).stderr
         self.assertNotIn("snapshots cost", stderr)
 
+    def test_bad_snapshot_share_is_refused(self):
+        # One line naming the flag and the fix, exit status 2, before anything starts.
+        cases = [(["--snapshot-share", "2"], "--snapshot-share must be 0 or 1"),
+                 (["--nnodes", "1:2", "--rdzv", "127.0.0.1:1", "--max-restarts", "1", "--snapshot-share", "1"],
+                  "--snapshot-share 1 cannot be used in an elastic job")]
+        for flags, message in cases:
+            proc = run(["train", "gpt", "--steps", "1", "--out", os.path.join(self.dir, "refused")] + flags,
+                       check=False, timeout=60)
+            lines = [l for l in proc.stderr.splitlines() if l.strip()]
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertIn(message, lines[0])
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "refused")))
+
     def test_restarts_are_bounded(self):
         proc = run(["run", "--nproc-per-node", "2", "--max-restarts", "1", "--", "sh", "-c", "exit 3"],
                    check=False, timeout=60)
