@@ -280,9 +280,8 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
   train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero};
-  // An elastic job restores from whatever whole replicas the nodes left hold: no shares.
-  TRIREME_CHECK(!(elastic && opt.snapshot_share == 1), "--snapshot-share 1 cannot be used in an elastic job "
-                "(--nnodes MIN:MAX), which restores from whole replicas; leave it out");
+  // An elastic job restores from whatever whole replicas the nodes left hold: no shares
+  // (`trireme train` refuses --snapshot-share 1 there).
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
   // Where this rank resumes: after a restart from the node's in-memory snapshots, else
   // (or when they cannot serve) from the newest checkpoint on disk.

@@ -271,7 +271,8 @@ int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t va
 // sibling of `own_dir`: a complete snapshot marked as replica `root`'s share of this
 // group's size whose slices cover the boxes of every tensor of that share (so of this
 // stage and tensor-parallel rank). nullopt when the node holds none.
-std::optional<Checkpoint> local_share(const TrainingState& s, const std::string& own_dir, int64_t step, int root) {
+std::optional<Checkpoint> local_share(const TrainingState& s, const std::vector<int>& owner, const std::string& own_dir,
+                                      int64_t step, int root) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(fs::path(own_dir).parent_path(), ec)) {
@@ -284,7 +285,6 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::string&
       const at::Tensor share = c.read("share/dp", whole({2}));
       if (share[0].item<int64_t>() != s.dp || share[1].item<int64_t>() != root) continue;
       bool covers = true;
-      const std::vector<int> owner = share_owners(s);
       for (size_t i = 0; i < s.parameters.size() && covers; ++i) {
         if (owner[i] != root) continue;
         const auto& [name, param] = s.parameters[i];
@@ -301,8 +301,8 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::string&
 
 // Reads share `root` (param, and AdamW's state where its step is above 0) from `c` into
 // the parameters and `states`, which must hold tensors for that state.
-void read_share(const TrainingState& s, const Checkpoint& c, int root, std::vector<Optimizer>& states) {
-  const std::vector<int> owner = share_owners(s);
+void read_share(const TrainingState& s, const std::vector<int>& owner, const Checkpoint& c, int root,
+                std::vector<Optimizer>& states) {
   for (size_t i = 0; i < s.parameters.size(); ++i) {
     if (owner[i] != root) continue;
     const auto& [name, param] = s.parameters[i];
@@ -334,46 +334,41 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
   const at::Device device = n ? s.parameters.front().second.device() : at::Device(at::kCPU);
   // Each parameter's optimizer step, from the replica that holds it (0: no state yet).
   at::Tensor steps = at::zeros({static_cast<int64_t>(n)}, at::kLong);
-  std::vector<Optimizer> states(n);
   const std::vector<int> owner = share_owners(s);
   for (size_t i = 0; i < n; ++i) {
     if (owner[i] != s.dp_rank) continue;
     const auto& [name, param] = s.parameters[i];
-    const LocalShard shard = local_shard(s, name, param);
-    TRIREME_CHECK(own.has("param/" + name) && own.shape("param/" + name) == shard.shape, "snapshot ", own.dir(),
-                  " does not hold parameter '", name, "' as this model has it; use the flags of the run that wrote it");
-    read_local_into(own, "param", name, shard, param.detach());
-    if (!own.has("exp_avg/" + name)) continue;
-    states[i] = {own.read("step/" + name, whole({1})).item<int64_t>(),
-                 read_local(own, "exp_avg", name, shard).to(device), read_local(own, "exp_avg_sq", name, shard).to(device)};
-    steps[i] = states[i].step;
+    TRIREME_CHECK(own.has("param/" + name) && own.shape("param/" + name) == local_shard(s, name, param).shape,
+                  "snapshot ", own.dir(), " does not hold parameter '", name,
+                  "' as this model has it; use the flags of the run that wrote it");
+    if (own.has("exp_avg/" + name)) steps[static_cast<int64_t>(i)] = own.read("step/" + name, whole({1})).item<int64_t>();
   }
   // The other shares: from this node's memory where it holds them (lacking[root] 0), by a
   // broadcast from their holder where some replica's node does not.
   at::Tensor lacking = at::zeros({s.dp}, at::kLong);
   std::vector<std::optional<Checkpoint>> here(static_cast<size_t>(s.dp));
+  here[static_cast<size_t>(s.dp_rank)] = own;
   for (int root = 0; root < s.dp; ++root) {
     if (root == s.dp_rank) continue;
-    here[static_cast<size_t>(root)] = local_share(s, own_dir, own.step(), root);
+    here[static_cast<size_t>(root)] = local_share(s, owner, own_dir, own.step(), root);
     if (!here[static_cast<size_t>(root)]) lacking[root] = 1;
   }
-  if (s.dp > 1) {
-    // One all-reduce: the optimizer steps (each from its holder) and who lacks what.
-    const at::Tensor both = reduce_over(s, group, at::cat({steps, lacking}), c10d::ReduceOp::SUM, "snapshot share").cpu();
-    steps = both.narrow(0, 0, static_cast<int64_t>(n));
-    lacking = both.narrow(0, static_cast<int64_t>(n), s.dp);
+  // One all-reduce: the optimizer steps (each from its holder) and who lacks what.
+  const at::Tensor both = reduce_over(s, group, at::cat({steps, lacking}), c10d::ReduceOp::SUM, "snapshot share").cpu();
+  steps = both.narrow(0, 0, static_cast<int64_t>(n));
+  lacking = both.narrow(0, static_cast<int64_t>(n), s.dp);
+  std::vector<Optimizer> states(n);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor param = s.parameters[i].second.detach();
+    const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
+    if (step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
   }
-  for (int root = 0; root < s.dp && s.dp > 1; ++root) {
-    for (size_t i = 0; i < n && root != s.dp_rank; ++i) {
-      if (owner[i] != root) continue;
-      const at::Tensor param = s.parameters[i].second.detach();
-      const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
-      if (step > 0) states[i] = {step, at::empty_like(param), at::empty_like(param)};
-    }
-    if (lacking[root].item<int64_t>() == 0) {
-      if (root != s.dp_rank) read_share(s, *here[static_cast<size_t>(root)], root, states);
-      continue;
-    }
+  for (int root = 0; root < s.dp; ++root) {
+    // The holder reads its own share; the others read it where every node holds it, and
+    // else take the holder's broadcast.
+    const bool everywhere = lacking[root].item<int64_t>() == 0;
+    if (root == s.dp_rank || everywhere) read_share(s, owner, *here[static_cast<size_t>(root)], root, states);
+    if (everywhere) continue;
     std::vector<at::Tensor> tensors;  // of root's share, in order, each flat
     for (size_t i = 0; i < n; ++i) {
       if (owner[i] != root) continue;
