@@ -10,7 +10,9 @@
 - a flipped byte and a truncated file are refused by `trireme checkpoint inspect` with a
   message naming the file and the failed check, and `--resume` falls back to the older
   checkpoint; a foreign manifest is refused;
-- only the newest --keep-checkpoints remain."""
+- only the newest --keep-checkpoints remain;
+- --resume with no checkpoint to resume from is a first run, bit for bit (DP=2, PP=2 x
+  TP=2): the initial values the restore would have replaced are set after all."""
 import json
 import os
 import shutil
@@ -89,6 +91,22 @@ class Checkpoints(unittest.TestCase):
 
     def test_bitwise_resume_zero2(self):
         self.check_bitwise_resume(2, ["--dp", "2", "--zero", "2"])
+
+    def check_nothing_to_resume(self, nproc, layout):
+        # --resume builds the model without its seeded initial values and skips the
+        # replicas' initial broadcast, for the restore to fill; with no checkpoint to
+        # restore, both must still happen: the run is the one without --resume.
+        straight = raw(train(os.path.join(self.dir, "straight"), nproc, layout, 2))
+        resumed = raw(train(os.path.join(self.dir, "empty"), nproc, layout, 2, ["--resume"]))
+        print(f"{' '.join(layout)}: --resume with no checkpoint, parameters bitwise equal to a first run: "
+              f"{resumed == straight}")
+        self.assertEqual(resumed, straight)
+
+    def test_nothing_to_resume_dp2(self):
+        self.check_nothing_to_resume(2, ["--dp", "2"])
+
+    def test_nothing_to_resume_pp2_tp2(self):
+        self.check_nothing_to_resume(4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"])
 
     def test_load_under_other_layouts(self):
         ref = os.path.join(self.dir, "ref")

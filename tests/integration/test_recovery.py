@@ -17,10 +17,13 @@ processes, real kill -9):
   with one clear line after one restart;
 - the snapshot policy (--snapshot-overhead) doubles the interval while the stall exceeds
   the target, and leaves it alone when off;
+- the first step after a restart reports how long training stood still, from the agent's
+  sight of the failure, in phases (on stderr, and as recovery_ms in metrics.jsonl);
 - nothing is left behind: no worker process, no snapshot area (put under a directory of
   the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +36,8 @@ MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch
          "--lr", "3e-3", "--warmup", "0", "--clip", "0.05", "--bucket-mb", "0.02",
          "--first-bucket-mb", "0.01", "--sample-tokens", "0", "--log-every", "1"]
 STEPS = 30
+REPORT = re.compile(r"training again (\d+) ms after the failure was seen \(workers running (\d+) ms, "
+                    r"model and groups (\d+) ms, state read (\d+) ms, first step (\d+) ms\)")
 
 
 def raw(path):
@@ -124,10 +129,25 @@ class Recovery(unittest.TestCase):
         if shared is not None:  # the data-parallel replicas shared each snapshot (--snapshot-share)
             self.assertEqual(f"(shared by {shared} replicas)" in resumed[0], shared > 1, resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
+        self.check_recovery_report(stderr, metrics(out))
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
         self.assertEqual(raw(dump), ref_params, "final parameters differ from the uninterrupted run")
         self.assertEqual(workers_alive(out), [])
         return stderr
+
+    def check_recovery_report(self, stderr, rows):
+        """The first step after the restart says how long training stood still, from the
+        agent's sight of the failure, in phases that add up to it (stderr and metrics)."""
+        found = [REPORT.search(l) for l in stderr.splitlines() if REPORT.search(l)]
+        self.assertEqual(len(found), 1, stderr[-3000:])
+        total, *phases = (int(x) for x in found[0].groups())
+        print(f"recovery: {found[0].group(0)}")
+        self.assertTrue(all(p >= 0 for p in phases), found[0].group(0))
+        self.assertLessEqual(abs(sum(phases) - total), len(phases), found[0].group(0))  # each rounded
+        with_field = [m for m in rows if "recovery_ms" in m]
+        self.assertEqual(len(with_field), 1)
+        self.assertEqual(with_field[0], [m for m in rows if m["restart"] == 1][0])
+        self.assertAlmostEqual(with_field[0]["recovery_ms"], total, delta=1)
 
     def test_kill_dp2(self):
         # By default the two replicas share each snapshot, each holding half the tensors.

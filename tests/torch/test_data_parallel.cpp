@@ -1,7 +1,7 @@
 // DataParallel with several ranks as threads of this process, over real Gloo groups on
 // loopback sharing an in-memory store (STYLE 9). Checks the averaged gradients against a
 // closed-form reference, gradient accumulation with no_sync, parameters without gradients,
-// the initial broadcast and the bucket rebuild.
+// the initial broadcast (also when left to the caller) and the bucket rebuild.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -129,6 +129,23 @@ TEST_P(DataParallelWorld, NoSyncAccumulationMatchesOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelWorld, ::testing::Values(1, 2, 4));
+
+// A caller about to restore every replica (trireme train on a restart) skips the
+// broadcast at construction; the replicas keep their own values until it asks for one.
+TEST(DataParallel, InitialBroadcastCanBeLeftToTheCaller) {
+  run_ranks(2, [&](int rank, const trireme::dist::Group& group) {
+    Net net = make_net(rank == 0 ? 7 : 101);
+    const at::Tensor before = net->layers[0]->weight.detach().clone();
+    DataParallelOptions options = small_buckets();
+    options.broadcast_parameters = false;
+    DataParallel dp(net.ptr(), group, options);
+    EXPECT_TRUE(at::equal(net->layers[0]->weight, before));  // untouched on every rank
+    dp.broadcast_initial_state();
+    const double diff = max_abs_diff(net->parameters(), make_net(7)->parameters());
+    std::printf("rank %d: after broadcast_initial_state, max abs diff vs rank 0's values %.3g\n", rank, diff);
+    EXPECT_EQ(diff, 0.0);
+  });
+}
 
 TEST(DataParallel, ParameterUsedOnOneRankOnlyDoesNotHang) {
   run_ranks(2, [&](int rank, const trireme::dist::Group& group) {

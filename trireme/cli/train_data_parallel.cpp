@@ -9,15 +9,16 @@ namespace {
 
 class DataParallelEngine final : public TrainEngine {
  public:
-  DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device)
+  DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device, bool restoring)
       : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
-        model_(opt.model, static_cast<uint64_t>(opt.seed), tp_),
+        seed_(static_cast<uint64_t>(opt.seed)),
+        model_(opt.model, seed_, tp_, /*initialize=*/!restoring),
         leader_(groups.rank == 0),
         loss_weight_(replica_share(opt, groups.coord("dp")).loss_weight),
         slowdown_(opt, groups.rank) {
     model_->to(device);
     ddp_ = std::make_unique<parallel::DataParallel>(model_.ptr(), groups.axis("dp"),
-                                                    data_parallel_options(opt));
+                                                    data_parallel_options(opt, restoring));
   }
 
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
@@ -70,6 +71,7 @@ class DataParallelEngine final : public TrainEngine {
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     return named;
   }
+  void initialize_parameters() override { model_->init_parameters(seed_); }
   const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return model_->shard_specs(); }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
@@ -86,6 +88,7 @@ class DataParallelEngine final : public TrainEngine {
 
  private:
   tensor::TensorParallel tp_;
+  uint64_t seed_;
   models::Gpt model_;
   bool leader_;
   double loss_weight_;
@@ -96,8 +99,9 @@ class DataParallelEngine final : public TrainEngine {
 
 }  // namespace
 
-parallel::DataParallelOptions data_parallel_options(const TrainOptions& options) {
+parallel::DataParallelOptions data_parallel_options(const TrainOptions& options, bool restoring) {
   parallel::DataParallelOptions dp;
+  dp.broadcast_parameters = !restoring;
   dp.buckets.cap_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20));
   dp.buckets.first_cap_bytes = static_cast<size_t>(options.first_bucket_mb * (1 << 20));
   if (options.zero == 2) dp.reduction = parallel::DataParallelOptions::Reduction::kReduceScatter;
@@ -106,9 +110,9 @@ parallel::DataParallelOptions data_parallel_options(const TrainOptions& options)
   return dp;
 }
 
-std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
-                                                       dist::MeshGroups& groups, at::Device device) {
-  return std::make_unique<DataParallelEngine>(options, groups, device);
+std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options, dist::MeshGroups& groups,
+                                                       at::Device device, bool restoring) {
+  return std::make_unique<DataParallelEngine>(options, groups, device, restoring);
 }
 
 }  // namespace trireme::cli

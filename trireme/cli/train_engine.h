@@ -74,6 +74,9 @@ class TrainEngine {
   // tensor-parallel group (a name missing from the specs is replicated): what checkpoints
   // save and load.
   virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() = 0;
+  // Sets the parameters to their seeded initial values: for an engine built `restoring`
+  // (which leaves them to the restore) when the restore found nothing.
+  virtual void initialize_parameters() = 0;
   virtual const std::map<std::string, tensor::ShardSpec>& shard_specs() const = 0;
   // The parameters this rank contributes to --dump-params, named as in the whole model
   // (empty on ranks whose copy another rank writes).
@@ -122,12 +125,14 @@ class EmulatedSlowdown {
   double factor_ = 1;
 };
 
-// DataParallel's options from --bucket-mb and --first-bucket-mb.
-parallel::DataParallelOptions data_parallel_options(const TrainOptions& options);
+// DataParallel's options from --bucket-mb and --first-bucket-mb. `restoring`: the caller
+// restores the training state into every replica next, so the replicas' initial broadcast
+// is skipped (it calls DataParallel::broadcast_initial_state() if nothing is restored).
+parallel::DataParallelOptions data_parallel_options(const TrainOptions& options, bool restoring);
 
-std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options,
-                                                       dist::MeshGroups& groups, at::Device device);
+std::unique_ptr<TrainEngine> make_data_parallel_engine(const TrainOptions& options, dist::MeshGroups& groups,
+                                                       at::Device device, bool restoring);
 std::unique_ptr<TrainEngine> make_pipeline_engine(const TrainOptions& options, dist::World& world,
-                                                  dist::MeshGroups& groups, at::Device device);
+                                                  dist::MeshGroups& groups, at::Device device, bool restoring);
 
 }  // namespace trireme::cli

@@ -34,10 +34,13 @@ std::vector<double> agreed_costs(const TrainOptions& opt, dist::World& world,
 
 class PipelineEngine final : public TrainEngine {
  public:
-  PipelineEngine(const TrainOptions& opt, dist::World& world, dist::MeshGroups& groups, at::Device device)
+  PipelineEngine(const TrainOptions& opt, dist::World& world, dist::MeshGroups& groups, at::Device device,
+                 bool restoring)
       : spec_{pipeline::parse_schedule(opt.schedule), opt.pp, static_cast<int>(opt.micro_batches),
               opt.chunks},
         stage_(groups.coord("pp")),
+        model_config_(opt.model),
+        seed_(static_cast<uint64_t>(opt.seed)),
         first_replica_(groups.coord("dp") == 0),
         tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
         pp_group_(groups.axis("pp")),
@@ -47,7 +50,7 @@ class PipelineEngine final : public TrainEngine {
     {
       // Build the whole model (so every stage starts from the one-process values), keep
       // this stage's layers, and let the rest go with the model at the end of the scope.
-      models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed), tp_);
+      models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed), tp_, /*initialize=*/!restoring);
       specs_ = whole->shard_specs();
       whole->to(device);
       whole->set_split_backward(split);
@@ -74,7 +77,7 @@ class PipelineEngine final : public TrainEngine {
           return weight == 1 ? loss : loss * weight;
         },
         pipeline::ActivationSpec{{micro, opt.model.seq_len, opt.model.dim}, at::kFloat, device}, pp_group_);
-    parallel::DataParallelOptions dp_options = data_parallel_options(opt);
+    parallel::DataParallelOptions dp_options = data_parallel_options(opt, restoring);
     dp_options.contributions_per_step = spec_.micro_batches;
     dp_options.sync_point = parallel::DataParallelOptions::SyncPoint::kExplicit;
     ddp_ = std::make_unique<parallel::DataParallel>(stage_module_, groups.axis("dp"), dp_options);
@@ -108,6 +111,14 @@ class PipelineEngine final : public TrainEngine {
 
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() override {
     return stage_module_->named_model_parameters();
+  }
+  // (Each stage's values are those of the one-process model of the seed.)
+  void initialize_parameters() override {
+    models::Gpt whole(model_config_, seed_, tp_);
+    std::map<std::string, at::Tensor> values;
+    for (const auto& item : whole->named_parameters()) values.emplace(item.key(), item.value());
+    at::NoGradGuard no_grad;
+    for (auto& [name, param] : stage_module_->named_model_parameters()) param.copy_(values.at(name));
   }
   const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return specs_; }
 
@@ -155,6 +166,8 @@ class PipelineEngine final : public TrainEngine {
 
   pipeline::ScheduleSpec spec_;
   int stage_;
+  models::GptConfig model_config_;
+  uint64_t seed_;
   bool first_replica_;
   tensor::TensorParallel tp_;
   std::map<std::string, tensor::ShardSpec> specs_;
@@ -170,8 +183,8 @@ class PipelineEngine final : public TrainEngine {
 }  // namespace
 
 std::unique_ptr<TrainEngine> make_pipeline_engine(const TrainOptions& options, dist::World& world,
-                                                  dist::MeshGroups& groups, at::Device device) {
-  return std::make_unique<PipelineEngine>(options, world, groups, device);
+                                                  dist::MeshGroups& groups, at::Device device, bool restoring) {
+  return std::make_unique<PipelineEngine>(options, world, groups, device, restoring);
 }
 
 }  // namespace trireme::cli

@@ -92,6 +92,28 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
       .add("checkpoint_ms", times.checkpoint_us / 1e3);
 }
 
+// A restart's recovery, in wall-clock microseconds (comparable across the processes of a
+// machine): an agent saw the failure, this worker began (its process started, or its
+// standby was activated), it began and finished reading the state.
+struct Recovery {
+  double seen_us = 0;  // 0: unknown (a first generation, or the launcher did not say)
+  double started_us = 0;
+  double resume_us = 0;
+  double resumed_us = 0;
+
+  // "training again 472 ms after the failure was seen (workers running 36 ms, model and
+  // groups 60 ms, state read 28 ms, first step 348 ms)", the step done at `now`.
+  std::string describe(double now) const {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "training again %.0f ms after the failure was seen (workers running %.0f ms, model and groups "
+                  "%.0f ms, state read %.0f ms, first step %.0f ms)",
+                  (now - seen_us) / 1e3, (started_us - seen_us) / 1e3, (resume_us - started_us) / 1e3,
+                  (resumed_us - resume_us) / 1e3, (now - resumed_us) / 1e3);
+    return text;
+  }
+};
+
 // DIR/run.json: the layout and each rank's place in it, for `trireme report`.
 std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t first_traced,
                      int64_t last_traced, const std::vector<std::string>& rank_entries) {
@@ -198,6 +220,8 @@ void record_comm(obs::Timeline& timeline, const ClockMap& clock,
 }  // namespace
 
 int train_worker_main(const std::vector<std::string>& args) {
+  Recovery recovery;  // (used only after a restart)
+  recovery.started_us = obs::wall_us();
   TrainOptions opt;
   FlagParser parser("trireme train");
   add_train_flags(parser, &opt);
@@ -250,9 +274,13 @@ int train_worker_main(const std::vector<std::string>& args) {
                                    static_cast<uint64_t>(opt.seed));
 
   obs::CpuMemory::install();
+  const int restart = world.info().restart_count;
+  // A restart or --resume overwrites the parameters right after: they need not first be
+  // initialised and made equal across replicas (unless nothing is restored, below).
+  const bool restoring = restart > 0 || opt.resume;
   std::unique_ptr<TrainEngine> engine =
-      opt.pp > 1 ? make_pipeline_engine(opt, world, groups, device)
-                 : make_data_parallel_engine(opt, groups, device);
+      opt.pp > 1 ? make_pipeline_engine(opt, world, groups, device, restoring)
+                 : make_data_parallel_engine(opt, groups, device, restoring);
   const EmulatedSlowdown slowdown(opt, rank);
   // AdamW over this rank's parameters, or under --zero over the pieces it owns.
   const auto adamw_options =
@@ -285,11 +313,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
   // Where this rank resumes: after a restart from the node's in-memory snapshots, else
   // (or when they cannot serve) from the newest checkpoint on disk.
-  const int restart = world.info().restart_count;
   const std::string snapshot_dir = ft::snapshot_dir_from_env(rank);
   int64_t first_step = 0;
   std::string resumed_from;
   const double resume_start = obs::now_us();
+  recovery.resume_us = obs::wall_us();
   const std::string area = ft::snapshot_area_from_env();
   if (restart > 0 && elastic && !area.empty()) {
     // The membership may have changed: any layout, from whatever this node's memory holds.
@@ -307,6 +335,12 @@ int train_worker_main(const std::vector<std::string>& args) {
     first_step = ft::load_checkpoint(train_state, opt.checkpoint_dir);
     if (first_step > 0) resumed_from = opt.checkpoint_dir;
   }
+  if (restoring && first_step == 0) {  // nothing restored: start as a first run does
+    engine->initialize_parameters();
+    engine->data_parallel().broadcast_initial_state();
+  }
+  recovery.resumed_us = obs::wall_us();
+  if (const auto seen = leader ? world.failure_seen_wall_us() : std::nullopt) recovery.seen_us = *seen;
   if (leader && !opt.quiet && first_step > 0)
     std::fprintf(stderr, "gpt: %sresumed at step %lld from %s in %.0f ms\n",
                  restart > 0 ? ("restart " + std::to_string(restart) + ": ").c_str() : "", (long long)first_step,
@@ -477,7 +511,15 @@ int train_worker_main(const std::vector<std::string>& args) {
       loss_curve.x.push_back(static_cast<double>(step + 1));
       loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
-      metrics->write(step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart));
+      obs::JsonObject record = step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart);
+      if (step == first_step && recovery.seen_us > 0) {
+        // The first step after a restart: how long training stood still, from the agent's
+        // first sight of the failure.
+        const double now = obs::wall_us();
+        record.add("recovery_ms", (now - recovery.seen_us) / 1e3);
+        if (!opt.quiet) std::fprintf(stderr, "gpt: restart %d: %s\n", restart, recovery.describe(now).c_str());
+      }
+      metrics->write(record);
       if (!opt.quiet)
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }

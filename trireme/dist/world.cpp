@@ -242,6 +242,18 @@ void World::heartbeat(int64_t progress) {
   base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
+std::optional<double> World::failure_seen_wall_us() const {
+  if (info_.restart_count == 0) return std::nullopt;
+  const std::string key = launch::keys::restart_seen(info_.restart_count);
+  try {
+    if (!base_store_->check({key})) return std::nullopt;
+    const std::vector<uint8_t> value = base_store_->get(key);
+    return std::stod(std::string(value.begin(), value.end()));
+  } catch (const std::exception&) {
+    return std::nullopt;  // a store that cannot say (or a value that is not a number): unknown
+  }
+}
+
 std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {
   store_->set(key + "/" + std::to_string(rank()), std::vector<uint8_t>(text.begin(), text.end()));
   run_collective("gather barrier", [&] { return group()->barrier(); });

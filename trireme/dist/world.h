@@ -11,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,11 @@ class World {
   // Tells the agent this rank is making progress (`progress`: e.g. the step done); under
   // --heartbeat-timeout the agent kills a rank whose heartbeat stops changing.
   void heartbeat(int64_t progress);
+  // In a generation that `trireme run` restarted after a failure: when an agent saw that
+  // failure, in wall-clock microseconds since the epoch (obs::wall_us()), so that the
+  // workers can tell how long their recovery took. nullopt in a first generation, or when
+  // the launcher did not say.
+  std::optional<double> failure_seen_wall_us() const;
   // Every rank publishes `text` under `key` through the store (so this works across
   // machines); after a barrier of group() rank 0 reads them all. Returns every rank's
   // text, in rank order, on rank 0 and nothing elsewhere. A collective: all ranks call it.

@@ -375,11 +375,15 @@ KeeperGeneration Agent::keeper_generation() const {
 // Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
 std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
   failure_seen_ = Clock::now();
+  const auto seen_wall = std::chrono::system_clock::now();
   bool silent = cause.silent;
   try {
     if (silent) channel_.set(keys::restart_silent(generation), "1");
-    if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation)))
+    if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation))) {
+      const auto seen_us = std::chrono::duration_cast<std::chrono::microseconds>(seen_wall.time_since_epoch());
+      channel_.set(keys::restart_seen(generation), std::to_string(seen_us.count()));
       channel_.set(keys::restart(generation), cause.what);
+    }
     silent = silent || channel_.try_get(keys::restart_silent(generation)).has_value();
   } catch (const Error& e) {
     stop_workers(options_.stop_grace_s);

@@ -14,6 +14,9 @@
 //                           waits for it before closing the store
 //   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
 //                           agent stops its workers and starts generation G
+//   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
+//                           the failure (set just before restart/G); the restarted workers
+//                           report their recovery time from it
 //   trireme/restart/G/stopped  counter; each agent adds 1 once its workers are gone
 //   trireme/restart/G/in/N  agent N's workers of generation G-1 are gone (its check-in)
 //   trireme/restart/G/silent  set before restart/G when the restart is for a member whose
@@ -64,6 +67,7 @@ inline constexpr const char* kAllDone = "trireme/agents/all_done";
 inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank); }
 // The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
+inline std::string restart_seen(int generation) { return restart(generation) + "/seen"; }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
 inline std::string restart_in(int generation, int node) {
   return restart(generation) + "/in/" + std::to_string(node);

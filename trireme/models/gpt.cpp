@@ -104,7 +104,7 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   return y + mlp->forward(ln_2->forward(y));           // (B,T,C)
 }
 
-GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp)
+GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp, bool initialize)
     : config_(validated(config)), tp_(std::move(tp)) {
   TRIREME_CHECK(tp_.size >= 1 && config_.heads % tp_.size == 0, "--heads ", config_.heads,
                 " is not divisible by --tp ", tp_.size, "; choose --tp dividing the heads");
@@ -118,7 +118,7 @@ GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel 
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C})));
   head = register_module("head", tensor::ColumnParallelLinear(C, config_.vocab, false, tp_));
   specs_ = tensor::shard_specs(*this);
-  init_parameters(seed);
+  if (initialize) init_parameters(seed);
 }
 
 void GptImpl::init_parameters(uint64_t seed) {

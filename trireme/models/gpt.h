@@ -77,8 +77,13 @@ TORCH_MODULE(Block);
 class GptImpl : public torch::nn::Module {
  public:
   // Throws InvalidArgument when config.validate() does, or when the heads or the
-  // vocabulary are not divisible by the tensor-parallel size.
-  GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp = {});
+  // vocabulary are not divisible by the tensor-parallel size. With `initialize` false the
+  // parameters keep libtorch's default values (for a caller about to restore them, who
+  // calls init_parameters(seed) if it cannot).
+  GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp = {}, bool initialize = true);
+
+  // Sets every parameter to its seeded initial value (what construction does).
+  void init_parameters(uint64_t seed);
 
   // idx (B,T) int64 with T <= seq_len and values in [0, vocab) -> logits (B,T,V). Under
   // tensor parallelism the logits are gathered (a collective: every rank of the group
@@ -124,7 +129,6 @@ class GptImpl : public torch::nn::Module {
   tensor::ColumnParallelLinear head{nullptr};   // C -> V/t, no bias
 
  private:
-  void init_parameters(uint64_t seed);
   at::Tensor local_logits(const at::Tensor& idx);  // (B,T,V/t)
 
   GptConfig config_;

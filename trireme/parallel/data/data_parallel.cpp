@@ -66,7 +66,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
       index_of_[p.unsafeGetTensorImpl()] = params_.size();
       params_.push_back(p);
     }
-  broadcast_initial_state();
+  if (options_.broadcast_parameters) broadcast_initial_state();
   build_buckets(comm::reverse_order(params_.size()));
   try {
     install_hooks();

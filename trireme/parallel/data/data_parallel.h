@@ -76,6 +76,10 @@ struct DataParallelOptions {
   comm::BucketOptions buckets;
   // Rebuild the buckets from the observed gradient-ready order after the first step.
   bool rebuild_buckets = true;
+  // Broadcast rank 0's parameters at construction, so that every replica starts equal.
+  // Off for a caller that makes them equal itself right after (e.g. by restoring the same
+  // checkpoint into every replica), who calls broadcast_initial_state() if it cannot.
+  bool broadcast_parameters = true;
   // Broadcast buffers (e.g. running statistics) from rank 0 along with the parameters.
   bool broadcast_buffers = true;
   // Accumulations that complete one step's gradient of a parameter: 1 for plain data
@@ -172,6 +176,10 @@ class DataParallel {
   // reduce-scatter the gradient shards.
   int64_t buffer_bytes() const;
 
+  // Makes every replica's parameters (and buffers, with broadcast_buffers) rank 0's, as
+  // construction does unless broadcast_parameters is off. A collective over the group.
+  void broadcast_initial_state();
+
  private:
   struct Bucket {
     std::vector<size_t> params;
@@ -187,7 +195,6 @@ class DataParallel {
     std::shared_ptr<std::atomic<double>> done_us;
   };
 
-  void broadcast_initial_state();
   void install_hooks();
   void remove_hooks();
   void build_buckets(const std::vector<size_t>& order);
