@@ -119,7 +119,7 @@ class PartitionedMachine(ElasticBase):
         ip("link", "set", self.host_links[2], "down")  # machine 2 falls silent
         errs = self.finish(agents, [0, 1])
         both = errs[0] + errs[1]
-        print("".join(l + "\n" for l in both.splitlines() if "first step done" in l or "rebuilt" in l), end="")
+        print("".join(l + "\n" for l in both.splitlines() if "first step done" in l or "training again" in l or "rebuilt" in l), end="")
         self.assertIn("node 2 is lost (no heartbeat for 3 s)", both)
         self.assertIn("going on with nodes 0,1", both)
         self.assertIn("rebuilt the snapshot of step", both)

@@ -36,7 +36,8 @@ MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch
          "--lr", "3e-3", "--warmup", "0", "--clip", "0.05", "--bucket-mb", "0.02",
          "--first-bucket-mb", "0.01", "--sample-tokens", "0", "--log-every", "1"]
 STEPS = 30
-REPORT = re.compile(r"training again (\d+) ms after the failure was seen \(workers running (\d+) ms, "
+REPORT = re.compile(r"training again (\d+) ms after the failure was seen \(membership (\d+) ms, "
+                    r"snapshot recovery (\d+) ms, workers running (\d+) ms, "
                     r"model and groups (\d+) ms, state read (\d+) ms, first step (\d+) ms\)")
 
 
@@ -140,6 +141,7 @@ class Recovery(unittest.TestCase):
         agent's sight of the failure, in phases that add up to it (stderr and metrics)."""
         found = [REPORT.search(l) for l in stderr.splitlines() if REPORT.search(l)]
         self.assertEqual(len(found), 1, stderr[-3000:])
+        self.assertNotIn("first step done", stderr)  # the agent's coarser line gives way to it
         total, *phases = (int(x) for x in found[0].groups())
         print(f"recovery: {found[0].group(0)}")
         self.assertTrue(all(p >= 0 for p in phases), found[0].group(0))

@@ -93,23 +93,28 @@ obs::JsonObject step_record(int64_t step, double loss, double lr, double tokens_
 }
 
 // A restart's recovery, in wall-clock microseconds (comparable across the processes of a
-// machine): an agent saw the failure, this worker began (its process started, or its
-// standby was activated), it began and finished reading the state.
+// machine): the agents' part (dist::World::RestartTimes), then this worker's: it began
+// (its process started, or its standby was activated), began and finished reading the
+// state.
 struct Recovery {
-  double seen_us = 0;  // 0: unknown (a first generation, or the launcher did not say)
+  std::optional<dist::World::RestartTimes> agents;  // nullopt: a first generation
   double started_us = 0;
   double resume_us = 0;
   double resumed_us = 0;
 
-  // "training again 472 ms after the failure was seen (workers running 36 ms, model and
-  // groups 60 ms, state read 28 ms, first step 348 ms)", the step done at `now`.
+  // "training again 472 ms after the failure was seen (membership 3 ms, snapshot recovery
+  // 0 ms, workers running 30 ms, model and groups 60 ms, state read 28 ms, first step
+  // 348 ms)", the step done at `now`.
   std::string describe(double now) const {
-    char text[256];
+    // (A phase between two clocks that disagree by a little reads 0, not negative.)
+    const auto ms = [](double from, double to) { return std::max(0.0, to - from) / 1e3; };
+    char text[320];
     std::snprintf(text, sizeof text,
-                  "training again %.0f ms after the failure was seen (workers running %.0f ms, model and groups "
-                  "%.0f ms, state read %.0f ms, first step %.0f ms)",
-                  (now - seen_us) / 1e3, (started_us - seen_us) / 1e3, (resume_us - started_us) / 1e3,
-                  (resumed_us - resume_us) / 1e3, (now - resumed_us) / 1e3);
+                  "training again %.0f ms after the failure was seen (membership %.0f ms, snapshot recovery %.0f ms, "
+                  "workers running %.0f ms, model and groups %.0f ms, state read %.0f ms, first step %.0f ms)",
+                  ms(agents->failure_seen_us, now), ms(agents->failure_seen_us, agents->members_decided_us),
+                  ms(agents->members_decided_us, agents->recovered_us), ms(agents->recovered_us, started_us),
+                  ms(started_us, resume_us), ms(resume_us, resumed_us), ms(resumed_us, now));
     return text;
   }
 };
@@ -340,7 +345,8 @@ int train_worker_main(const std::vector<std::string>& args) {
     engine->data_parallel().broadcast_initial_state();
   }
   recovery.resumed_us = obs::wall_us();
-  if (const auto seen = leader ? world.failure_seen_wall_us() : std::nullopt) recovery.seen_us = *seen;
+  if (leader) recovery.agents = world.restart_times();
+  if (recovery.agents && !opt.quiet) world.reporting_recovery();  // our line, not the agent's
   if (leader && !opt.quiet && first_step > 0)
     std::fprintf(stderr, "gpt: %sresumed at step %lld from %s in %.0f ms\n",
                  restart > 0 ? ("restart " + std::to_string(restart) + ": ").c_str() : "", (long long)first_step,
@@ -512,11 +518,11 @@ int train_worker_main(const std::vector<std::string>& args) {
       loss_curve.y.push_back(loss);
       const double tokens_per_s = tokens_per_step / (times.step_us / 1e6);
       obs::JsonObject record = step_record(step, loss, lr, tokens_per_s, times, comm, grad_norm, restart);
-      if (step == first_step && recovery.seen_us > 0) {
+      if (step == first_step && recovery.agents) {
         // The first step after a restart: how long training stood still, from the agent's
         // first sight of the failure.
         const double now = obs::wall_us();
-        record.add("recovery_ms", (now - recovery.seen_us) / 1e3);
+        record.add("recovery_ms", (now - recovery.agents->failure_seen_us) / 1e3);
         if (!opt.quiet) std::fprintf(stderr, "gpt: restart %d: %s\n", restart, recovery.describe(now).c_str());
       }
       metrics->write(record);

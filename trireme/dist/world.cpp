@@ -242,16 +242,26 @@ void World::heartbeat(int64_t progress) {
   base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-std::optional<double> World::failure_seen_wall_us() const {
+std::optional<World::RestartTimes> World::restart_times() const {
   if (info_.restart_count == 0) return std::nullopt;
-  const std::string key = launch::keys::restart_seen(info_.restart_count);
+  const std::string seen_key = launch::keys::restart_seen(info_.restart_count);
+  const std::string times_key = launch::keys::restart_times(info_.restart_count);
   try {
-    if (!base_store_->check({key})) return std::nullopt;
-    const std::vector<uint8_t> value = base_store_->get(key);
-    return std::stod(std::string(value.begin(), value.end()));
+    if (!base_store_->check({seen_key, times_key})) return std::nullopt;
+    const std::vector<uint8_t> seen = base_store_->get(seen_key);
+    const std::vector<uint8_t> times = base_store_->get(times_key);
+    RestartTimes out;
+    std::istringstream in(std::string(seen.begin(), seen.end()) + " " + std::string(times.begin(), times.end()));
+    if (!(in >> out.failure_seen_us >> out.members_decided_us >> out.recovered_us)) return std::nullopt;
+    return out;
   } catch (const std::exception&) {
-    return std::nullopt;  // a store that cannot say (or a value that is not a number): unknown
+    return std::nullopt;  // a store that cannot say: unknown
   }
+}
+
+void World::reporting_recovery() {
+  const std::string yes = "1";
+  base_store_->set(launch::keys::restart_reported(info_.restart_count), std::vector<uint8_t>(yes.begin(), yes.end()));
 }
 
 std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {

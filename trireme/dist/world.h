@@ -65,11 +65,19 @@ class World {
   // Tells the agent this rank is making progress (`progress`: e.g. the step done); under
   // --heartbeat-timeout the agent kills a rank whose heartbeat stops changing.
   void heartbeat(int64_t progress);
-  // In a generation that `trireme run` restarted after a failure: when an agent saw that
-  // failure, in wall-clock microseconds since the epoch (obs::wall_us()), so that the
-  // workers can tell how long their recovery took. nullopt in a first generation, or when
-  // the launcher did not say.
-  std::optional<double> failure_seen_wall_us() const;
+  // In a generation that `trireme run` restarted after a failure, when its agents saw it
+  // happen, in wall-clock microseconds since the epoch (obs::wall_us(); across machines
+  // as far as their clocks agree): an agent saw the failure, the new membership was
+  // decided, the agents passed their recovery barrier (snapshots rebuilt, if any) and
+  // started the workers. nullopt in a first generation, or when the launcher did not say.
+  struct RestartTimes {
+    double failure_seen_us = 0, members_decided_us = 0, recovered_us = 0;
+  };
+  std::optional<RestartTimes> restart_times() const;
+  // Tells the agents that this program reports the restart's recovery itself (from
+  // restart_times()), so that they leave out their own line, which is timed by their
+  // poll of the workers' heartbeats. Call it before the first heartbeat.
+  void reporting_recovery();
   // Every rank publishes `text` under `key` through the store (so this works across
   // machines); after a barrier of group() rank 0 reads them all. Returns every rank's
   // text, in rank order, on rank 0 and nothing elsewhere. A collective: all ranks call it.

@@ -58,6 +58,15 @@ constexpr milliseconds kBeatInterval{200};
 // How often the leader of a restart looks at the members it waits for.
 constexpr milliseconds kMembershipPoll{50};
 
+// The wall-clock time (microseconds since the epoch) of a moment of the steady clock:
+// what other processes, and machines with synchronised clocks, can compare.
+int64_t wall_us(Clock::time_point when) {
+  const auto ago = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - when);
+  const auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  return (now - ago).count();
+}
+
 std::string join_ids(const std::vector<int>& ids) {
   std::string out;
   for (int id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
@@ -375,13 +384,11 @@ KeeperGeneration Agent::keeper_generation() const {
 // Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
 std::optional<LaunchResult> Agent::restart_generation(int generation, const Event& cause) {
   failure_seen_ = Clock::now();
-  const auto seen_wall = std::chrono::system_clock::now();
   bool silent = cause.silent;
   try {
     if (silent) channel_.set(keys::restart_silent(generation), "1");
     if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation))) {
-      const auto seen_us = std::chrono::duration_cast<std::chrono::microseconds>(seen_wall.time_since_epoch());
-      channel_.set(keys::restart_seen(generation), std::to_string(seen_us.count()));
+      channel_.set(keys::restart_seen(generation), std::to_string(wall_us(failure_seen_)));
       channel_.set(keys::restart(generation), cause.what);
     }
     silent = silent || channel_.try_get(keys::restart_silent(generation)).has_value();
@@ -514,6 +521,9 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
     case WaitEnd::kSet:
       recovered_ = Clock::now();
       restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
+      if (restart_unreported_)  // for the workers' own account of the restart
+        channel_.set(keys::restart_times(generation),
+                     std::to_string(wall_us(members_decided_)) + " " + std::to_string(wall_us(recovered_)));
       return std::nullopt;
     case WaitEnd::kSignal:
       return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
@@ -977,10 +987,12 @@ void Agent::check_heartbeats() {
 }
 
 // Once the first worker of this node has beaten its heartbeat in a restarted generation
-// (it finished a step), one line: how long the restart took from the failure, and where.
+// (it finished a step), one line: how long the restart took from the failure, and where;
+// unless a worker reports it itself (restart/G/reported).
 void Agent::report_restart() {
   if (!channel_.try_get(keys::heartbeat(generation_, global_rank(0)))) return;
   restart_unreported_ = false;
+  if (channel_.try_get(keys::restart_reported(generation_))) return;  // a worker says it, more exactly
   const auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   char line[320];
   std::snprintf(line, sizeof line,

@@ -17,6 +17,12 @@
 //   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
 //                           the failure (set just before restart/G); the restarted workers
 //                           report their recovery time from it
+//   trireme/restart/G/times  "D R": wall-clock microseconds at which the first member's
+//                           agent saw the membership decided (D) and passed the recovery
+//                           barrier (R), set before it starts its workers
+//   trireme/restart/G/reported  set by a restarted worker that reports the recovery itself,
+//                           to the millisecond (trireme train); the agents then leave out
+//                           their own line, timed by their 200 ms poll
 //   trireme/restart/G/stopped  counter; each agent adds 1 once its workers are gone
 //   trireme/restart/G/in/N  agent N's workers of generation G-1 are gone (its check-in)
 //   trireme/restart/G/silent  set before restart/G when the restart is for a member whose
@@ -68,6 +74,8 @@ inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank
 // The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
 inline std::string restart_seen(int generation) { return restart(generation) + "/seen"; }
+inline std::string restart_times(int generation) { return restart(generation) + "/times"; }
+inline std::string restart_reported(int generation) { return restart(generation) + "/reported"; }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
 inline std::string restart_in(int generation, int node) {
   return restart(generation) + "/in/" + std::to_string(node);
