@@ -1,6 +1,6 @@
 // The node agent driven through an in-memory AgentChannel with real (sh) workers: output
 // prefixing, failure detection and publication, reacting to another node's failure,
-// SIGKILL after the grace period, and the join timeout.
+// SIGKILL after the grace period, the join timeout, and the hang watch (--heartbeat-timeout).
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -125,6 +125,27 @@ TEST(LaunchAgent, FailedWorkerStopsTheOthersAndIsPublished) {
             "rank 1 (node 0, local 1) exited with code 3; stopped the other workers");
   EXPECT_EQ(channel.try_get(keys::kFailure).value_or(""),
             "rank 1 (node 0, local 1) exited with code 3");
+}
+
+// --heartbeat-timeout: a worker whose heartbeat stops changing is killed as hung, unless
+// its last beat said it is done (it is only writing its results and exiting).
+TEST(LaunchAgent, StalledHeartbeatIsHungButDoneIsNot) {
+  for (const std::string beat : {"7", keys::kHeartbeatDone}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    channel.set(keys::heartbeat(0, 0), beat);
+    channel.set(keys::heartbeat(0, 1), beat);
+    LaunchOptions o = sh_options(2, "exec sleep 1.5");
+    o.heartbeat_timeout_s = 0.5;
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    if (beat == keys::kHeartbeatDone) {
+      EXPECT_EQ(result.exit_code, 0) << result.failure;
+    } else {
+      EXPECT_EQ(result.exit_code, 1);
+      EXPECT_NE(result.failure.find("made no progress for 0.5 s (heartbeats stuck at 7, 7); killed as hung"),
+                std::string::npos) << result.failure;
+    }
+  }
 }
 
 TEST(LaunchAgent, AnotherNodesFailureStopsThisNode) {

@@ -537,6 +537,10 @@ int train_worker_main(const std::vector<std::string>& args) {
       std::_Exit(128 + SIGTERM);
     }
   }
+  // Training is over: what is left (the last snapshot and checkpoint, the timeline, the
+  // dump) makes no steps, so the agent's hang watch ends here. (Under load it took more
+  // than a 2 s --heartbeat-timeout, and the finished job was killed as hung.)
+  world.heartbeat_done();
   if (snapshotter) snapshotter->wait();
   if (checkpointer) checkpointer->wait();  // rank 0 commits the last checkpoint before leaving
   if (leader && !opt.quiet) progress.finish();

@@ -264,6 +264,11 @@ void World::reporting_recovery() {
   base_store_->set(launch::keys::restart_reported(info_.restart_count), std::vector<uint8_t>(yes.begin(), yes.end()));
 }
 
+void World::heartbeat_done() {
+  const std::string done = launch::keys::kHeartbeatDone;
+  base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(done.begin(), done.end()));
+}
+
 std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {
   store_->set(key + "/" + std::to_string(rank()), std::vector<uint8_t>(text.begin(), text.end()));
   run_collective("gather barrier", [&] { return group()->barrier(); });

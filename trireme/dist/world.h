@@ -65,6 +65,9 @@ class World {
   // Tells the agent this rank is making progress (`progress`: e.g. the step done); under
   // --heartbeat-timeout the agent kills a rank whose heartbeat stops changing.
   void heartbeat(int64_t progress);
+  // Tells the agent this rank has finished its work: it is writing its results and
+  // exiting, which has no progress to beat; its heartbeat is no longer watched.
+  void heartbeat_done();
   // In a generation that `trireme run` restarted after a failure, when its agents saw it
   // happen, in wall-clock microseconds since the epoch (obs::wall_us(); across machines
   // as far as their clocks agree): an agent saw the failure, the new membership was

@@ -964,7 +964,7 @@ void Agent::check_heartbeats() {
   for (auto& w : workers_) {
     if (!w.running) continue;
     const auto beat = channel_.try_get(keys::heartbeat(generation_, w.rank));
-    if (!beat) continue;  // not watched until its first heartbeat
+    if (!beat || *beat == keys::kHeartbeatDone) continue;  // not watched before its first beat, nor once done
     if (*beat != w.heartbeat) {
       w.heartbeat = *beat;
       w.heartbeat_changed = now;

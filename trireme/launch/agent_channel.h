@@ -96,6 +96,9 @@ inline constexpr int64_t kFinished = int64_t{1} << 32;
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set
 // through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
 // for --heartbeat-timeout seconds; workers that never set it are not watched.
+// A heartbeat of kHeartbeatDone: the worker has finished its work (it writes its results
+// and exits, however long that takes under load); it is no longer watched.
+inline constexpr const char* kHeartbeatDone = "done";
 inline std::string heartbeat(int generation, int rank) {
   return "trireme/heartbeat/" + std::to_string(generation) + "/" + std::to_string(rank);
 }
