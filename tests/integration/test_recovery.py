@@ -164,6 +164,17 @@ class Recovery(unittest.TestCase):
         self.check(4, ["--dp", "2", "--pp", "2", "--micro-batches", "2"], victim=random.randint(0, 3),
                    kill_at=random.randint(3, STEPS // 2), shared=2)
 
+    def test_restart_cuts_the_pipeline_where_the_first_generation_did(self):
+        # The stages are balanced by measured layer times; a restarted generation measuring
+        # otherwise (here forced: TRIREME_TEST_SKEW_COSTS makes its first layer read 100x
+        # slower) must still cut where the first did, or its snapshots hold other stages.
+        stderr = self.check(4, ["--pp", "2", "--micro-batches", "2"], victim=random.randint(0, 3),
+                            kill_at=random.randint(3, STEPS // 2), env={"TRIREME_TEST_SKEW_COSTS": "1"})
+        splits = [m.group(1) for m in (re.search(r"layers split (\S+)", l) for l in stderr.splitlines()) if m]
+        print(f"stages per generation: {splits}")
+        self.assertEqual(len(splits), 2, stderr[-3000:])
+        self.assertEqual(splits[0], splits[1])
+
     def test_kill_dp2_tp2(self):
         # Shares of tensor-parallel shards; the replicated tensors (LayerNorms, some
         # biases) are shared within each tensor-parallel rank's data-parallel group too.

@@ -127,8 +127,9 @@ TEST(LaunchAgent, FailedWorkerStopsTheOthersAndIsPublished) {
             "rank 1 (node 0, local 1) exited with code 3");
 }
 
-// --heartbeat-timeout: a worker whose heartbeat stops changing is killed as hung, unless
-// its last beat said it is done (it is only writing its results and exiting).
+// --heartbeat-timeout: a worker whose heartbeat stops changing is killed as hung; one
+// whose last beat said it is done (it is only writing its results and exiting) is given
+// 10x as long (60 s at least), more than this worker's 1.5 s.
 TEST(LaunchAgent, StalledHeartbeatIsHungButDoneIsNot) {
   for (const std::string beat : {"7", keys::kHeartbeatDone}) {
     MemoryChannel channel;

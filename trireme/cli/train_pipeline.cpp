@@ -1,4 +1,7 @@
 // The pipeline engine of `trireme train gpt`; see cli/train_engine.h.
+#include <cstdlib>
+#include <optional>
+
 #include "trireme/cli/train_engine.h"
 #include "trireme/common/error.h"
 #include "trireme/models/gpt.h"
@@ -21,6 +24,9 @@ std::vector<double> agreed_costs(const TrainOptions& opt, dist::World& world,
     const at::Tensor sample =
         at::randint(opt.model.vocab, {micro, opt.model.seq_len}, at::TensorOptions(at::kLong).device(device));
     costs = pipeline::measured_costs(layers, sample, /*reps=*/3);
+    // Test seam: TRIREME_TEST_SKEW_COSTS=1 makes a restarted generation measure its first
+    // layer 100x slower, as a noisy measurement might, so that it would cut elsewhere.
+    if (std::getenv("TRIREME_TEST_SKEW_COSTS") && world.info().restart_count > 0 && !costs.empty()) costs[0] *= 100;
   } else {
     costs.assign(layers.size(), 0.0);
   }
@@ -48,18 +54,26 @@ class PipelineEngine final : public TrainEngine {
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
     std::vector<pipeline::LayerRange> ranges;
     {
-      // Build the whole model (so every stage starts from the one-process values), keep
-      // this stage's layers, and let the rest go with the model at the end of the scope.
+      // Build the whole model (so every stage starts from the one-process values, unless
+      // restoring, which replaces them), keep this stage's layers, and let the rest go with
+      // the model at the end of the scope.
       models::Gpt whole(opt.model, static_cast<uint64_t>(opt.seed), tp_, /*initialize=*/!restoring);
       specs_ = whole->shard_specs();
       whole->to(device);
       whole->set_split_backward(split);
       const pipeline::LayerList layers = whole->layers();
       const int parts = spec_.stages * spec_.chunks;
+      const std::optional<std::string> kept =
+          world.info().restart_count > 0 ? world.job_value("pp_split") : std::nullopt;
       if (!opt.pp_split.empty()) {
         ranges = pipeline::parse_split(opt.pp_split, static_cast<int>(layers.size()), parts);
+      } else if (kept) {
+        // A restarted generation cuts where the first did: the snapshots it resumes from
+        // hold those stages (measured anew, the costs may balance another way).
+        ranges = pipeline::parse_split(*kept, static_cast<int>(layers.size()), parts);
       } else {
         ranges = pipeline::balance_partition(agreed_costs(opt, world, layers, device), parts);
+        if (world.rank() == 0) world.set_job_value("pp_split", pipeline::format_split(ranges));
       }
       split_text_ = pipeline::format_split(ranges);
       std::vector<pipeline::LayerRange> mine;

@@ -244,14 +244,18 @@ void World::heartbeat(int64_t progress) {
 
 std::optional<World::RestartTimes> World::restart_times() const {
   if (info_.restart_count == 0) return std::nullopt;
-  const std::string seen_key = launch::keys::restart_seen(info_.restart_count);
-  const std::string times_key = launch::keys::restart_times(info_.restart_count);
+  const int g = info_.restart_count;
+  const std::vector<std::string> keys{launch::keys::restart_seen(g), launch::keys::restart_decided(g),
+                                      launch::keys::restart_resume(g)};
   try {
-    if (!base_store_->check({seen_key, times_key})) return std::nullopt;
-    const std::vector<uint8_t> seen = base_store_->get(seen_key);
-    const std::vector<uint8_t> times = base_store_->get(times_key);
+    if (!base_store_->check(keys)) return std::nullopt;
+    std::string text;
+    for (const auto& key : keys) {
+      const std::vector<uint8_t> value = base_store_->get(key);
+      text += std::string(value.begin(), value.end()) + " ";
+    }
     RestartTimes out;
-    std::istringstream in(std::string(seen.begin(), seen.end()) + " " + std::string(times.begin(), times.end()));
+    std::istringstream in(text);
     if (!(in >> out.failure_seen_us >> out.members_decided_us >> out.recovered_us)) return std::nullopt;
     return out;
   } catch (const std::exception&) {
@@ -262,6 +266,17 @@ std::optional<World::RestartTimes> World::restart_times() const {
 void World::reporting_recovery() {
   const std::string yes = "1";
   base_store_->set(launch::keys::restart_reported(info_.restart_count), std::vector<uint8_t>(yes.begin(), yes.end()));
+}
+
+std::optional<std::string> World::job_value(const std::string& key) const {
+  const std::string stored = launch::keys::job_value(key);
+  if (!base_store_->check({stored})) return std::nullopt;
+  const std::vector<uint8_t> value = base_store_->get(stored);
+  return std::string(value.begin(), value.end());
+}
+
+void World::set_job_value(const std::string& key, const std::string& value) {
+  base_store_->set(launch::keys::job_value(key), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
 void World::heartbeat_done() {

@@ -62,17 +62,25 @@ class World {
   // Publishes a one-line description of this rank's place in the job (e.g. "pipeline
   // stage 1 of 2, data-parallel replica 0"); `trireme run` names it if this rank fails.
   void announce_role(const std::string& role);
+  // A value kept for the whole job, across restarts (in the launcher's store): what a
+  // restarted generation must agree on with the first, e.g. where the pipeline cut the
+  // model. nullopt when not set. (Within one generation, ranks may read it before or
+  // after another sets it: decide from it only in a restarted generation.)
+  std::optional<std::string> job_value(const std::string& key) const;
+  void set_job_value(const std::string& key, const std::string& value);
   // Tells the agent this rank is making progress (`progress`: e.g. the step done); under
   // --heartbeat-timeout the agent kills a rank whose heartbeat stops changing.
   void heartbeat(int64_t progress);
   // Tells the agent this rank has finished its work: it is writing its results and
-  // exiting, which has no progress to beat; its heartbeat is no longer watched.
+  // exiting, which has no progress to beat; the agent then allows it 10x
+  // --heartbeat-timeout (60 s at least) before it takes it for hung.
   void heartbeat_done();
   // In a generation that `trireme run` restarted after a failure, when its agents saw it
   // happen, in wall-clock microseconds since the epoch (obs::wall_us(); across machines
   // as far as their clocks agree): an agent saw the failure, the new membership was
-  // decided, the agents passed their recovery barrier (snapshots rebuilt, if any) and
-  // started the workers. nullopt in a first generation, or when the launcher did not say.
+  // decided, the last agent reached the recovery barrier (snapshots rebuilt, if any; the
+  // workers start after it). nullopt in a first generation, or when the launcher did not
+  // say.
   struct RestartTimes {
     double failure_seen_us = 0, members_decided_us = 0, recovered_us = 0;
   };

@@ -478,6 +478,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
   if (!d.why_dropped.empty())
     write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   channel_.set(keys::kGeneration, std::to_string(generation));
+  channel_.set(keys::restart_decided(generation), std::to_string(wall_us(Clock::now())));
   channel_.set(keys::restart_members(generation), join_ids(d.members));
   return std::nullopt;
 }
@@ -515,15 +516,12 @@ void Agent::enter(int generation, const std::vector<int>& members) {
 
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
-    channel_.set(keys::restart_resume(generation), "1");
+    channel_.set(keys::restart_resume(generation), std::to_string(wall_us(Clock::now())));
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   switch (wait_key(keys::restart_resume(generation), deadline, /*watch_failure=*/true)) {
     case WaitEnd::kSet:
       recovered_ = Clock::now();
       restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
-      if (restart_unreported_)  // for the workers' own account of the restart
-        channel_.set(keys::restart_times(generation),
-                     std::to_string(wall_us(members_decided_)) + " " + std::to_string(wall_us(recovered_)));
       return std::nullopt;
     case WaitEnd::kSignal:
       return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
@@ -961,21 +959,28 @@ bool Agent::any_running() const {
 void Agent::check_heartbeats() {
   const auto now = Clock::now();
   std::vector<Worker*> stalled;
+  const double done_limit_s = std::max(60.0, 10 * options_.heartbeat_timeout_s);
+  double limit_s = done_limit_s;  // the shortest limit a stalled worker passed
   for (auto& w : workers_) {
     if (!w.running) continue;
     const auto beat = channel_.try_get(keys::heartbeat(generation_, w.rank));
-    if (!beat || *beat == keys::kHeartbeatDone) continue;  // not watched before its first beat, nor once done
+    if (!beat) continue;  // not watched until its first heartbeat
+    // A worker done with its steps writes its results and exits, which makes no progress
+    // to beat and may take long on a loaded machine: it gets ten times as long (60 s at
+    // least) before it is taken for hung.
+    const double limit = *beat == keys::kHeartbeatDone ? done_limit_s : options_.heartbeat_timeout_s;
     if (*beat != w.heartbeat) {
       w.heartbeat = *beat;
       w.heartbeat_changed = now;
-    } else if (now - w.heartbeat_changed >= seconds(options_.heartbeat_timeout_s)) {
+    } else if (now - w.heartbeat_changed >= std::chrono::duration<double>(limit)) {
       stalled.push_back(&w);
+      limit_s = std::min(limit_s, limit);
     }
   }
   if (stalled.empty() || !first_failure_.empty()) return;
   // A hang stalls its peers too (they wait in a collective): name every stalled worker.
   char after[32];
-  std::snprintf(after, sizeof after, "%g", options_.heartbeat_timeout_s);
+  std::snprintf(after, sizeof after, "%g", limit_s);
   std::string names, beats;
   for (const Worker* w : stalled) {
     names += (names.empty() ? "" : "; ") + worker_name(*w);
@@ -987,10 +992,11 @@ void Agent::check_heartbeats() {
 }
 
 // Once the first worker of this node has beaten its heartbeat in a restarted generation
-// (it finished a step), one line: how long the restart took from the failure, and where;
-// unless a worker reports it itself (restart/G/reported).
+// (it finished a step; a "done" beat does not count), one line: how long the restart took
+// from the failure, and where; unless a worker reports it itself (restart/G/reported).
 void Agent::report_restart() {
-  if (!channel_.try_get(keys::heartbeat(generation_, global_rank(0)))) return;
+  const auto beat = channel_.try_get(keys::heartbeat(generation_, global_rank(0)));
+  if (!beat || *beat == keys::kHeartbeatDone) return;  // no step yet (or none to make)
   restart_unreported_ = false;
   if (channel_.try_get(keys::restart_reported(generation_))) return;  // a worker says it, more exactly
   const auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };

@@ -17,9 +17,6 @@
 //   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
 //                           the failure (set just before restart/G); the restarted workers
 //                           report their recovery time from it
-//   trireme/restart/G/times  "D R": wall-clock microseconds at which the first member's
-//                           agent saw the membership decided (D) and passed the recovery
-//                           barrier (R), set before it starts its workers
 //   trireme/restart/G/reported  set by a restarted worker that reports the recovery itself,
 //                           to the millisecond (trireme train); the agents then leave out
 //                           their own line, timed by their 200 ms poll
@@ -28,11 +25,16 @@
 //   trireme/restart/G/silent  set before restart/G when the restart is for a member whose
 //                           heartbeat stopped: workers get a short grace (they cannot
 //                           finish a step whose collectives wait on that machine)
+//   trireme/restart/G/decided  wall-clock microseconds at which the leader decided the
+//                           membership (set just before restart/G/members)
 //   trireme/restart/G/members  the node ids of generation G ("0,2"), set by the first
 //                           agent to check in (the leader) once every member of G-1 has
 //                           checked in, left, or been lost; "" when too few remain
 //   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
-//                           the last sets restart/G/resume, and then workers start
+//                           the last sets restart/G/resume (to the wall-clock microseconds
+//                           at which it did), and then workers start
+//   trireme/job/KEY         a worker's value for the whole job, across restarts
+//                           (dist::World::job_value), e.g. where the pipeline cut the model
 //   trireme/generation      the newest generation whose membership was decided
 //   trireme/agents/alive/N  agent N's heartbeat (a counter it raises every 200 ms)
 //   trireme/agents/left/N   agent N leaves the job (a preemption notice)
@@ -74,17 +76,18 @@ inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank
 // The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
 inline std::string restart_seen(int generation) { return restart(generation) + "/seen"; }
-inline std::string restart_times(int generation) { return restart(generation) + "/times"; }
 inline std::string restart_reported(int generation) { return restart(generation) + "/reported"; }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
 inline std::string restart_in(int generation, int node) {
   return restart(generation) + "/in/" + std::to_string(node);
 }
+inline std::string restart_decided(int generation) { return restart(generation) + "/decided"; }
 inline std::string restart_members(int generation) { return restart(generation) + "/members"; }
 inline std::string restart_silent(int generation) { return restart(generation) + "/silent"; }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
 inline constexpr const char* kGeneration = "trireme/generation";
+inline std::string job_value(const std::string& key) { return "trireme/job/" + key; }
 inline constexpr const char* kPending = "trireme/agents/pending";
 inline std::string alive(int node) { return "trireme/agents/alive/" + std::to_string(node); }
 inline std::string left(int node) { return "trireme/agents/left/" + std::to_string(node); }
@@ -97,7 +100,7 @@ inline constexpr int64_t kFinished = int64_t{1} << 32;
 // through dist::World::heartbeat). The agent kills a worker whose heartbeat stops changing
 // for --heartbeat-timeout seconds; workers that never set it are not watched.
 // A heartbeat of kHeartbeatDone: the worker has finished its work (it writes its results
-// and exits, however long that takes under load); it is no longer watched.
+// and exits, which may take long under load); it is allowed 10x the hang time-out.
 inline constexpr const char* kHeartbeatDone = "done";
 inline std::string heartbeat(int generation, int rank) {
   return "trireme/heartbeat/" + std::to_string(generation) + "/" + std::to_string(rank);

@@ -118,7 +118,12 @@ GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel 
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C})));
   head = register_module("head", tensor::ColumnParallelLinear(C, config_.vocab, false, tp_));
   specs_ = tensor::shard_specs(*this);
-  if (initialize) init_parameters(seed);
+  if (initialize) {
+    init_parameters(seed);
+  } else {
+    at::NoGradGuard no_grad;  // some layers allocate without initialising: make it defined
+    for (auto& p : parameters()) p.zero_();
+  }
 }
 
 void GptImpl::init_parameters(uint64_t seed) {
@@ -132,7 +137,8 @@ void GptImpl::init_parameters(uint64_t seed) {
     const std::string& name = item.key();
     at::Tensor p = item.value();
     const tensor::ShardSpec& spec = specs_.at(name);
-    at::Tensor full = at::empty(tensor::full_shape(p.sizes(), spec, tp_.size), p.options());
+    // Drawn on the CPU (the generator's device) whatever device the model is on by now.
+    at::Tensor full = at::empty(tensor::full_shape(p.sizes(), spec, tp_.size), p.options().device(at::kCPU));
     const std::string owner = owner_of(name);
     if (ends_with(name, ".bias")) {
       full.zero_();

@@ -78,11 +78,12 @@ class GptImpl : public torch::nn::Module {
  public:
   // Throws InvalidArgument when config.validate() does, or when the heads or the
   // vocabulary are not divisible by the tensor-parallel size. With `initialize` false the
-  // parameters keep libtorch's default values (for a caller about to restore them, who
-  // calls init_parameters(seed) if it cannot).
+  // parameters are zeros (for a caller about to restore them, who calls
+  // init_parameters(seed) if it cannot).
   GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel tp = {}, bool initialize = true);
 
-  // Sets every parameter to its seeded initial value (what construction does).
+  // Sets every parameter to its seeded initial value, on whatever device the model is
+  // (what construction does).
   void init_parameters(uint64_t seed);
 
   // idx (B,T) int64 with T <= seq_len and values in [0, vocab) -> logits (B,T,V). Under
