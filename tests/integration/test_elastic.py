@@ -235,6 +235,9 @@ class Elastic(ElasticBase):
         ranks' pieces, wherever they are in memory (the lost machine's rebuilt from
         parity), not only from a group's own nodes. With 2 workers per machine and pp=2
         (or tp=2), dp goes from 3 to 2 for each stage (or tensor-parallel shard)."""
+        # Long enough that the job cannot end before every keeper has protected a step (in a
+        # loaded ctest, 40 steps once ended first: their rounds run at idle priority).
+        self.steps = 120
         extra = ["--zero", "1"] + layout
         ref = self.reference(extra, nproc=nproc)
         out = os.path.join(self.dir, "run")
