@@ -345,8 +345,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     engine->data_parallel().broadcast_initial_state();
   }
   recovery.resumed_us = obs::wall_us();
-  if (leader) recovery.agents = world.restart_times();
-  if (!recovery.agents || first_step >= opt.steps) recovery.agents.reset();  // (no step to report it with)
+  if (leader && first_step < opt.steps) recovery.agents = world.restart_times();  // (a step to report it with)
   if (recovery.agents && !opt.quiet) world.reporting_recovery();  // our line, not the agent's
   if (leader && !opt.quiet && first_step > 0)
     std::fprintf(stderr, "gpt: %sresumed at step %lld from %s in %.0f ms\n",

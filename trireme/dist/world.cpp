@@ -173,6 +173,16 @@ std::string join(const std::vector<int>& ranks) {
   return out.str();
 }
 
+// The store holds bytes; World's keys hold text.
+void put_text(const Store& store, const std::string& key, const std::string& text) {
+  store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+std::string text_at(const Store& store, const std::string& key) {
+  const std::vector<uint8_t> bytes = store->get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
 }  // namespace
 
 const Group& MeshGroups::axis(const std::string& name) const {
@@ -185,7 +195,7 @@ World::World(WorldInfo info, WorldOptions options, Store base, Store store)
     : info_(std::move(info)), options_(options), base_store_(std::move(base)), store_(std::move(store)) {}
 
 void World::announce_role(const std::string& role) {
-  base_store_->set(launch::keys::role(rank()), std::vector<uint8_t>(role.begin(), role.end()));
+  put_text(base_store_, launch::keys::role(rank()), role);
 }
 
 World World::from_env(const WorldOptions& options) {
@@ -238,8 +248,7 @@ MeshGroups World::mesh_groups(const Mesh& mesh) {
 }
 
 void World::heartbeat(int64_t progress) {
-  const std::string value = std::to_string(progress);
-  base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(value.begin(), value.end()));
+  put_text(base_store_, launch::keys::heartbeat(info_.restart_count, rank()), std::to_string(progress));
 }
 
 std::optional<World::RestartTimes> World::restart_times() const {
@@ -250,10 +259,7 @@ std::optional<World::RestartTimes> World::restart_times() const {
   try {
     if (!base_store_->check(keys)) return std::nullopt;
     std::string text;
-    for (const auto& key : keys) {
-      const std::vector<uint8_t> value = base_store_->get(key);
-      text += std::string(value.begin(), value.end()) + " ";
-    }
+    for (const auto& key : keys) text += text_at(base_store_, key) + " ";
     RestartTimes out;
     std::istringstream in(text);
     if (!(in >> out.failure_seen_us >> out.members_decided_us >> out.recovered_us)) return std::nullopt;
@@ -264,35 +270,29 @@ std::optional<World::RestartTimes> World::restart_times() const {
 }
 
 void World::reporting_recovery() {
-  const std::string yes = "1";
-  base_store_->set(launch::keys::restart_reported(info_.restart_count), std::vector<uint8_t>(yes.begin(), yes.end()));
+  put_text(base_store_, launch::keys::restart_reported(info_.restart_count), "1");
 }
 
 std::optional<std::string> World::job_value(const std::string& key) const {
   const std::string stored = launch::keys::job_value(key);
   if (!base_store_->check({stored})) return std::nullopt;
-  const std::vector<uint8_t> value = base_store_->get(stored);
-  return std::string(value.begin(), value.end());
+  return text_at(base_store_, stored);
 }
 
 void World::set_job_value(const std::string& key, const std::string& value) {
-  base_store_->set(launch::keys::job_value(key), std::vector<uint8_t>(value.begin(), value.end()));
+  put_text(base_store_, launch::keys::job_value(key), value);
 }
 
 void World::heartbeat_done() {
-  const std::string done = launch::keys::kHeartbeatDone;
-  base_store_->set(launch::keys::heartbeat(info_.restart_count, rank()), std::vector<uint8_t>(done.begin(), done.end()));
+  put_text(base_store_, launch::keys::heartbeat(info_.restart_count, rank()), launch::keys::kHeartbeatDone);
 }
 
 std::vector<std::string> World::gather_on_leader(const std::string& key, const std::string& text) {
-  store_->set(key + "/" + std::to_string(rank()), std::vector<uint8_t>(text.begin(), text.end()));
+  put_text(store_, key + "/" + std::to_string(rank()), text);
   run_collective("gather barrier", [&] { return group()->barrier(); });
   std::vector<std::string> texts;
   if (rank() != 0) return texts;
-  for (int r = 0; r < size(); ++r) {
-    const std::vector<uint8_t> bytes = store_->get(key + "/" + std::to_string(r));
-    texts.emplace_back(bytes.begin(), bytes.end());
-  }
+  for (int r = 0; r < size(); ++r) texts.push_back(text_at(store_, key + "/" + std::to_string(r)));
   return texts;
 }
 
