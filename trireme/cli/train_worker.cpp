@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/train_engine.h"
@@ -147,14 +149,30 @@ constexpr int64_t kMaxSnapshotInterval = 1024;
 
 // Test seam (STYLE 8): TRIREME_TEST_KILL_IN_SNAPSHOT="RANK:STEP" makes that rank kill
 // itself with SIGKILL in the middle of writing its snapshot of STEP (data written, manifest
-// not), in the first generation only.
-std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart) {
+// not), in the first generation only. It first waits (up to 30 s) until every rank of its
+// node has committed its snapshot of STEP-1: the other ranks' idle-priority writers may
+// lag, and the test expects the restart to find STEP-1 whole everywhere.
+std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart, const std::string& snapshot_dir) {
   const char* spec = std::getenv("TRIREME_TEST_KILL_IN_SNAPSHOT");
   int victim = -1;
   long long at = -1;
   if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld", &victim, &at) != 2 || victim != rank) return {};
-  return [at](int64_t step) {
-    if (step == at) std::raise(SIGKILL);
+  return [at, snapshot_dir](int64_t step) {
+    if (step != at) return;
+    namespace fs = std::filesystem;
+    const auto committed_everywhere = [&] {
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(fs::path(snapshot_dir).parent_path(), ec)) {
+        if (entry.path().filename().string().rfind("rank-", 0) != 0) continue;
+        const auto steps = ft::Snapshotter::complete_steps(entry.path().string());
+        if (std::find(steps.begin(), steps.end(), at - 1) == steps.end()) return false;
+      }
+      return true;
+    };
+    const double deadline = obs::now_us() + 30e6;
+    while (!committed_everywhere() && obs::now_us() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::raise(SIGKILL);
   };
 }
 
@@ -378,7 +396,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
         snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, rank},
-        kill_in_snapshot_seam(rank, restart));
+        kill_in_snapshot_seam(rank, restart, snapshot_dir));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);
