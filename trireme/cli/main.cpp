@@ -53,7 +53,9 @@ std::string one_line(std::string text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  trireme::launch::await_activation();  // a standby worker waits here, libtorch loaded
+  // A standby worker waits here, libtorch loaded; `trireme train`'s worker waits later,
+  // once it has done what needs no world (train_worker.cpp).
+  if (argc < 2 || std::string(argv[1]) != "__train-worker") trireme::launch::await_activation();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

@@ -27,6 +27,7 @@
 #include "trireme/data/sampler.h"
 #include "trireme/dist/world.h"
 #include "trireme/ft/resume.h"
+#include "trireme/launch/standby.h"
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/memory.h"
@@ -41,6 +42,33 @@
 
 namespace trireme::cli {
 namespace {
+
+// A standby's warm-up, before it waits for activation: two steps of a tiny model of the
+// same kind (one block, head size 8, 16 tokens), forward, backward, clipping and AdamW,
+// on the CPU. The first step after a restart then finds libtorch's code paged in and its
+// kernels' one-off set-up done: 30-70 ms of a ~450-500 ms recovery here
+// (docs/benchmarks.md). It keeps nothing: the model is dropped, and the default
+// generator's state is put back. Not for CUDA runs: a standby must not open a CUDA
+// context beside the worker it stands in for.
+void warm_up_kernels(const TrainOptions& opt) {
+  if (opt.device != "cpu") return;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const at::Tensor generator_state = generator.get_state();
+  models::GptConfig tiny = opt.model;
+  tiny.layers = 1;
+  tiny.dim = 8 * tiny.heads;
+  tiny.seq_len = std::min<int64_t>(tiny.seq_len, 16);
+  models::Gpt model(tiny, static_cast<uint64_t>(opt.seed));
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
+  const at::Tensor tokens = at::arange(2 * tiny.seq_len, at::kLong).remainder(tiny.vocab).reshape({2, tiny.seq_len});
+  for (int step = 0; step < 2; ++step) {
+    model->loss(tokens, tokens).backward();
+    optim::clip_grad_norm(model->parameters(), 1.0);
+    adamw.step();
+    adamw.zero_grad();
+  }
+  generator.set_state(generator_state);
+}
 
 // Set by SIGTERM in an elastic job's worker: stop after the current step.
 volatile std::sig_atomic_t stop_requested = 0;
@@ -243,12 +271,24 @@ void record_comm(obs::Timeline& timeline, const ClockMap& clock,
 }  // namespace
 
 int train_worker_main(const std::vector<std::string>& args) {
-  Recovery recovery;  // (used only after a restart)
-  recovery.started_us = obs::wall_us();
   TrainOptions opt;
   FlagParser parser("trireme train");
   add_train_flags(parser, &opt);
   parser.parse(args, /*allow_unknown=*/true);  // the launcher's flags are in args too
+  // What needs no world is done before a standby waits for activation (main() leaves the
+  // wait to us): the corpus read (8 ms for the default one) and the kernels' warm-up.
+  const data::Corpus corpus =
+      data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
+  corpus.require_length(opt.model.seq_len);
+  // One intra-op thread per rank unless the launcher says otherwise.
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
+  if (launch::awaiting_activation()) {
+    warm_up_kernels(opt);
+    launch::await_activation();
+  }
+  Recovery recovery;  // (used only after a restart)
+  recovery.started_us = obs::wall_us();
 
   dist::WorldOptions world_options;
   if (opt.device == "cuda") world_options.group.backend = dist::BackendKind::kNccl;
@@ -271,10 +311,6 @@ int train_worker_main(const std::vector<std::string>& args) {
   const int rank = world.rank();
   const bool leader = rank == 0;
 
-  // One intra-op thread per rank unless the launcher says otherwise.
-  const char* threads = std::getenv("OMP_NUM_THREADS");
-  at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
-
   const dist::Mesh mesh = dist::Mesh::from_sizes(opt.dp, opt.tp, opt.pp, opt.mesh_order);
   dist::MeshGroups groups = world.mesh_groups(mesh);
   const int dp_rank = groups.coord("dp");
@@ -290,9 +326,6 @@ int train_worker_main(const std::vector<std::string>& args) {
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
 
-  const data::Corpus corpus =
-      data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
-  corpus.require_length(opt.model.seq_len);
   const data::BatchSampler sampler(corpus.size(), opt.model.seq_len, opt.batch,
                                    static_cast<uint64_t>(opt.seed));
 

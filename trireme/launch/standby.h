@@ -14,10 +14,12 @@ namespace trireme::launch {
 
 constexpr char kStandbyEnv[] = "TRIREME_STANDBY";
 
-// In a worker, first thing in main(): returns at once unless this process was started
-// as a standby; then blocks until the agent activates it, or exits 0 if the agent gives
-// up on it. Programs run with `trireme run --standby` must call it before anything else
-// (dist::World refuses to start in a standby that has not awaited activation).
+// In a worker, early in main(): returns at once unless this process was started as a
+// standby; then blocks until the agent activates it, or exits 0 if the agent gives up on
+// it. Programs run with `trireme run --standby` must call it before they make a
+// dist::World (which refuses to start in a standby that has not awaited activation).
+// What needs no world may come first, so that a restart does not wait for it: reading
+// the data, a warm-up step of a small model (`trireme train`'s worker does both).
 void await_activation();
 
 // Whether this process is a standby that has not been activated (what World checks).
