@@ -355,3 +355,20 @@ TEST(LaunchAgent, FinishedWorkersJoinARestartClaimedBeforeThem) {
   EXPECT_NE(err.find("restarting the workers (restart 2 of 2)"), std::string::npos) << err;
   EXPECT_EQ(job.channel.try_get(keys::restart_members(2)), "0");
 }
+
+// Two agents can see failures at once; only the first to claim the restart names the
+// moment it was seen (the restarted workers time their recovery from it). Here another
+// agent claimed restart 1 first; this one's own failure must not overwrite its time.
+TEST(LaunchAgent, OnlyTheFirstAgentToClaimARestartSetsWhenItWasSeen) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::restart_claimed(1), 1);
+  channel.set(keys::restart_seen(1), "123");
+  LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 3; fi; echo gen=1");
+  o.max_restarts = 1;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_NE(io.stdout_text().find("gen=1"), std::string::npos);
+  EXPECT_EQ(channel.try_get(keys::restart_seen(1)), "123");
+  EXPECT_EQ(channel.try_get(keys::restart_claimed(1)), "2");
+}

@@ -387,7 +387,9 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   bool silent = cause.silent;
   try {
     if (silent) channel_.set(keys::restart_silent(generation), "1");
-    if (cause.ending != Ending::kRemoteRestart && !channel_.try_get(keys::restart(generation))) {
+    // The first agent to claim the restart (an atomic add: two may see failures at once)
+    // names its cause and when it saw it.
+    if (cause.ending != Ending::kRemoteRestart && channel_.add(keys::restart_claimed(generation), 1) == 1) {
       channel_.set(keys::restart_seen(generation), std::to_string(wall_us(failure_seen_)));
       channel_.set(keys::restart(generation), cause.what);
     }

@@ -14,9 +14,11 @@
 //                           waits for it before closing the store
 //   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
 //                           agent stops its workers and starts generation G
+//   trireme/restart/G/claimed  counter; the agent whose add makes it 1 (the first to claim
+//                           the restart) sets restart/G/seen and restart/G
 //   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
 //                           the failure (set just before restart/G); the restarted workers
-//                           report their recovery time from it
+//                           report their recovery from it (dist::World::restart_times)
 //   trireme/restart/G/reported  set by a restarted worker that reports the recovery itself,
 //                           to the millisecond (trireme train); the agents then leave out
 //                           their own line, timed by their 200 ms poll
@@ -76,6 +78,7 @@ inline std::string role(int rank) { return "trireme/role/" + std::to_string(rank
 // The restart barrier of generation `generation` (see the list above).
 inline std::string restart(int generation) { return "trireme/restart/" + std::to_string(generation); }
 inline std::string restart_seen(int generation) { return restart(generation) + "/seen"; }
+inline std::string restart_claimed(int generation) { return restart(generation) + "/claimed"; }
 inline std::string restart_reported(int generation) { return restart(generation) + "/reported"; }
 inline std::string restart_stopped(int generation) { return restart(generation) + "/stopped"; }
 inline std::string restart_in(int generation, int node) {
