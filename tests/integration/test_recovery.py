@@ -18,7 +18,8 @@ processes, real kill -9):
 - the snapshot policy (--snapshot-overhead) doubles the interval while the stall exceeds
   the target, and leaves it alone when off;
 - the first step after a restart reports how long training stood still, from the agent's
-  sight of the failure, in phases (on stderr, and as recovery_ms in metrics.jsonl);
+  sight of the failure, in phases (on stderr, and as recovery_ms and recovery_phases_ms in
+  metrics.jsonl);
 - nothing is left behind: no worker process, no snapshot area (put under a directory of
   the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
@@ -150,6 +151,11 @@ class Recovery(unittest.TestCase):
         self.assertEqual(len(with_field), 1)
         self.assertEqual(with_field[0], [m for m in rows if m["restart"] == 1][0])
         self.assertAlmostEqual(with_field[0]["recovery_ms"], total, delta=1)
+        in_metrics = with_field[0]["recovery_phases_ms"]  # the same phases, unrounded
+        self.assertEqual(list(in_metrics), ["membership", "snapshot_recovery", "workers", "setup", "state",
+                                            "first_step"])
+        for printed, field in zip(phases, in_metrics.values()):
+            self.assertAlmostEqual(printed, field, delta=0.5 + 1e-9)
 
     def test_kill_dp2(self):
         # By default the two replicas share each snapshot, each holding half the tensors.

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,8 @@
 #include <fstream>
 #include <functional>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/train_engine.h"
@@ -132,21 +135,41 @@ struct Recovery {
   double resume_us = 0;
   double resumed_us = 0;
 
+  // The phases from the agent's sight of the failure to the step done at `now`, in ms, in
+  // order: (name in metrics.jsonl, name in the report). (A phase between two clocks that
+  // disagree by a little reads 0, not negative.)
+  std::vector<std::tuple<const char*, const char*, double>> phases_ms(double now) const {
+    const auto ms = [](double from, double to) { return std::max(0.0, to - from) / 1e3; };
+    return {{"membership", "membership", ms(agents->failure_seen_us, agents->members_decided_us)},
+            {"snapshot_recovery", "snapshot recovery", ms(agents->members_decided_us, agents->recovered_us)},
+            {"workers", "workers running", ms(agents->recovered_us, started_us)},
+            {"setup", "model and groups", ms(started_us, resume_us)},
+            {"state", "state read", ms(resume_us, resumed_us)},
+            {"first_step", "first step", ms(resumed_us, now)}};
+  }
+
   // "training again 472 ms after the failure was seen (membership 3 ms, snapshot recovery
   // 0 ms, workers running 30 ms, model and groups 60 ms, state read 28 ms, first step
-  // 348 ms)", the step done at `now`.
+  // 348 ms)".
   std::string describe(double now) const {
-    // (A phase between two clocks that disagree by a little reads 0, not negative.)
-    const auto ms = [](double from, double to) { return std::max(0.0, to - from) / 1e3; };
-    char text[320];
-    std::snprintf(text, sizeof text,
-                  "training again %.0f ms after the failure was seen (membership %.0f ms, snapshot recovery %.0f ms, "
-                  "workers running %.0f ms, model and groups %.0f ms, state read %.0f ms, first step %.0f ms)",
-                  ms(agents->failure_seen_us, now), ms(agents->failure_seen_us, agents->members_decided_us),
-                  ms(agents->members_decided_us, agents->recovered_us), ms(agents->recovered_us, started_us),
-                  ms(started_us, resume_us), ms(resume_us, resumed_us), ms(resumed_us, now));
-    return text;
+    std::string text = "training again " + std::to_string(std::lround(total_ms(now))) +
+                       " ms after the failure was seen (";
+    const char* separator = "";
+    for (const auto& [key, name, ms] : phases_ms(now)) {
+      text += separator + std::string(name) + " " + std::to_string(std::lround(ms)) + " ms";
+      separator = ", ";
+    }
+    return text + ")";
   }
+
+  // metrics.jsonl's "recovery_phases_ms": {"membership": ..., ..., "first_step": ...}.
+  std::string phases_json(double now) const {
+    obs::JsonObject phases;
+    for (const auto& [key, name, ms] : phases_ms(now)) phases.add(key, ms);
+    return phases.str();
+  }
+
+  double total_ms(double now) const { return (now - agents->failure_seen_us) / 1e3; }
 };
 
 // DIR/run.json: the layout and each rank's place in it, for `trireme report`.
@@ -265,7 +288,7 @@ void record_comm(obs::Timeline& timeline, const ClockMap& clock,
   for (const auto& b : stats.buckets)
     timeline.add({"allreduce bucket " + std::to_string(b.bucket), "comm", obs::Lane::kComm,
                   clock.wall(b.launch_us), b.done_us - b.launch_us,
-                  "{\"bytes\": " + std::to_string(b.bytes) + "}"});
+                  "{\"bytes\": " + std::to_string(b.bytes) + "}", ""});
 }
 
 }  // namespace
@@ -525,7 +548,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     const double o1 = obs::now_us();
     times.optimizer_us = o1 - o0;
     if (tracing)
-      timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, ""});
+      timeline.add({"optimizer", "compute", obs::Lane::kCompute, clock.wall(o0), o1 - o0, "", ""});
 
     // The step's loss over the global batch: the mean of the data-parallel replicas' means
     // (each replica's held by its last pipeline stage; the other ranks add 0).
@@ -573,7 +596,7 @@ int train_worker_main(const std::vector<std::string>& args) {
         // The first step after a restart: how long training stood still, from the agent's
         // first sight of the failure.
         const double now = obs::wall_us();
-        record.add("recovery_ms", (now - recovery.agents->failure_seen_us) / 1e3);
+        record.add("recovery_ms", recovery.total_ms(now)).add_raw("recovery_phases_ms", recovery.phases_json(now));
         if (!opt.quiet) std::fprintf(stderr, "gpt: restart %d: %s\n", restart, recovery.describe(now).c_str());
       }
       metrics->write(record);
