@@ -372,3 +372,26 @@ TEST(LaunchAgent, OnlyTheFirstAgentToClaimARestartSetsWhenItWasSeen) {
   EXPECT_EQ(channel.try_get(keys::restart_seen(1)), "123");
   EXPECT_EQ(channel.try_get(keys::restart_claimed(1)), "2");
 }
+
+// The agent that claimed the restart can die before it announces it (restart/G): a later
+// claimer announces it, or the other nodes would go on until they failed on their own;
+// one that finds it announced leaves the first cause in place.
+TEST(LaunchAgent, ALaterClaimerAnnouncesARestartTheFirstDidNot) {
+  for (const bool announced : {false, true}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    channel.add(keys::restart_claimed(1), 1);
+    if (announced) channel.set(keys::restart(1), "the first cause");
+    LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 3; fi; echo gen=1");
+    o.max_restarts = 1;
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    EXPECT_EQ(result.exit_code, 0) << result.failure;
+    const auto cause = channel.try_get(keys::restart(1));
+    ASSERT_TRUE(cause) << "announced=" << announced;
+    if (announced)
+      EXPECT_EQ(*cause, "the first cause");
+    else
+      EXPECT_NE(cause->find("exit"), std::string::npos) << *cause;
+    EXPECT_FALSE(channel.try_get(keys::restart_seen(1))) << "only the first claimer says when it saw the failure";
+  }
+}

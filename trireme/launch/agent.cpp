@@ -388,10 +388,15 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   try {
     if (silent) channel_.set(keys::restart_silent(generation), "1");
     // The first agent to claim the restart (an atomic add: two may see failures at once)
-    // names its cause and when it saw it.
-    if (cause.ending != Ending::kRemoteRestart && channel_.add(keys::restart_claimed(generation), 1) == 1) {
-      channel_.set(keys::restart_seen(generation), std::to_string(wall_us(failure_seen_)));
-      channel_.set(keys::restart(generation), cause.what);
+    // names its cause and when it saw it. A later one still announces the restart when
+    // it is not announced yet: the first may have died between its claim and its set.
+    if (cause.ending != Ending::kRemoteRestart) {
+      if (channel_.add(keys::restart_claimed(generation), 1) == 1) {
+        channel_.set(keys::restart_seen(generation), std::to_string(wall_us(failure_seen_)));
+        channel_.set(keys::restart(generation), cause.what);
+      } else if (!channel_.try_get(keys::restart(generation))) {
+        channel_.set(keys::restart(generation), cause.what);
+      }
     }
     silent = silent || channel_.try_get(keys::restart_silent(generation)).has_value();
   } catch (const Error& e) {

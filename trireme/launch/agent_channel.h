@@ -15,7 +15,8 @@
 //   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
 //                           agent stops its workers and starts generation G
 //   trireme/restart/G/claimed  counter; the agent whose add makes it 1 (the first to claim
-//                           the restart) sets restart/G/seen and restart/G
+//                           the restart) sets restart/G/seen and restart/G; a later one
+//                           sets restart/G if it is still unset (the first may have died)
 //   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
 //                           the failure (set just before restart/G); the restarted workers
 //                           report their recovery from it (dist::World::restart_times)
