@@ -395,3 +395,41 @@ TEST(LaunchAgent, ALaterClaimerAnnouncesARestartTheFirstDidNot) {
     EXPECT_FALSE(channel.try_get(keys::restart_seen(1))) << "only the first claimer says when it saw the failure";
   }
 }
+
+// A replacement for a machine that left on a preemption notice joins under its
+// --node-rank; the leave was the old machine's, not the replacement's (before, the leader
+// filed the joiner as left: it spent a restart without it, and the joiner waited in vain).
+TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined, then got its preemption notice
+  channel.set(keys::left(1, 0), "1");
+  channel.set(keys::flushed(1, 0), "1");
+  LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 2 ]; then exit 0; fi; exec sleep 30",
+      3);
+  o.join_timeout_s = 10;
+  std::atomic<bool> stop{false};
+  std::thread replacement([&] {  // once generation 1 runs without node 1, its replacement asks in
+    if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
+    channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
+    channel.add(keys::kPending, 1);
+    for (int beat = 1; !stop; ++beat) {
+      channel.set(keys::alive(1), "replacement-" + std::to_string(beat));
+      if (channel.try_get(keys::restart_members(2)) && !channel.try_get(keys::restart_recovered(2) + "/1")) {
+        channel.set(keys::restart_recovered(2) + "/1", "1");  // (the test's own marker)
+        if (channel.add(keys::restart_recovered(2), 1) == 2) channel.set(keys::restart_resume(2), "1");
+        channel.add(keys::kDone, 1);  // and its workers finish at once
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  stop = true;
+  replacement.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0");
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "0,1") << io.stderr_text();
+  EXPECT_NE(io.stdout_text().find("gen=2 world=2"), std::string::npos);
+}

@@ -353,8 +353,10 @@ void Agent::await_leavers_flush() {
   for (int id : members_) {
     if (id == options_.node_rank) continue;
     try {
-      if (!channel_.try_get(keys::left(id))) continue;
-      while (!channel_.try_get(keys::flushed(id)) && !stale(id, Clock::now()) && Clock::now() < deadline)
+      const int64_t incarnation = channel_.add(keys::lost(id), 0);
+      if (!channel_.try_get(keys::left(id, incarnation))) continue;
+      while (!channel_.try_get(keys::flushed(id, incarnation)) && !stale(id, Clock::now()) &&
+             Clock::now() < deadline)
         pump(kMembershipPoll);
     } catch (const Error&) {
       return;  // the store is gone: nothing to wait for
@@ -457,7 +459,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
       const bool joiner = !contains(members_, id);
       if (!joiner && channel_.try_get(keys::restart_in(generation, id))) {
         states[id] = NodeState::kCheckedIn;
-      } else if (channel_.try_get(keys::left(id))) {
+      } else if (!joiner && channel_.try_get(keys::left(id, channel_.add(keys::lost(id), 0)))) {
         states[id] = NodeState::kLeft;
       } else if (stale(id, Clock::now())) {
         states[id] = NodeState::kLost;
@@ -552,8 +554,10 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
 LaunchResult Agent::leave(const Event& event) {
   write_all(io_.stderr_fd, "trireme run: " + node() + " received " + signal_name(event.signal) +
                                " (preemption notice): stopping its workers and leaving the job\n");
+  int64_t incarnation = 0;
   try {
-    channel_.set(keys::left(options_.node_rank), "1");
+    incarnation = channel_.add(keys::lost(options_.node_rank), 0);
+    channel_.set(keys::left(options_.node_rank, incarnation), "1");
   } catch (const Error&) {
     // The store is gone: the others notice that by themselves.
   }
@@ -570,7 +574,7 @@ LaunchResult Agent::leave(const Event& event) {
     while_pumping([&] { keeper_->stop(); });
   }
   try {
-    channel_.set(keys::flushed(options_.node_rank), "1");
+    channel_.set(keys::flushed(options_.node_rank, incarnation), "1");
   } catch (const Error&) {
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
@@ -819,7 +823,7 @@ std::optional<Event> Agent::watch_nodes() {
   const auto now = Clock::now();
   for (int id : members_) {
     if (id == options_.node_rank) continue;
-    if (channel_.try_get(keys::left(id)))
+    if (channel_.try_get(keys::left(id, channel_.add(keys::lost(id), 0))))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
     if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
   }

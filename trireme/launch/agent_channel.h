@@ -40,8 +40,9 @@
 //                           (dist::World::job_value), e.g. where the pipeline cut the model
 //   trireme/generation      the newest generation whose membership was decided
 //   trireme/agents/alive/N  agent N's heartbeat (a counter it raises every 200 ms)
-//   trireme/agents/left/N   agent N leaves the job (a preemption notice)
-//   trireme/agents/flushed/N  agent N's last snapshot step is protected (or it gave up):
+//   trireme/agents/left/N/I  agent N leaves the job (a preemption notice); I, its
+//                           incarnation, is lost/N while it is a member
+//   trireme/agents/flushed/N/I  agent N's last snapshot step is protected (or it gave up):
 //                           the others keep their keepers running until then
 //   trireme/agents/lost/N   counter: times node N was dropped from the job, so that a
 //                           replacement may join under the same --node-rank
@@ -94,8 +95,15 @@ inline constexpr const char* kGeneration = "trireme/generation";
 inline std::string job_value(const std::string& key) { return "trireme/job/" + key; }
 inline constexpr const char* kPending = "trireme/agents/pending";
 inline std::string alive(int node) { return "trireme/agents/alive/" + std::to_string(node); }
-inline std::string left(int node) { return "trireme/agents/left/" + std::to_string(node); }
-inline std::string flushed(int node) { return "trireme/agents/flushed/" + std::to_string(node); }
+// Per incarnation of node N: `incarnation` is lost(N) while that agent is a member (a
+// replacement under the same --node-rank is the next), so a replacement does not inherit
+// the leave of the machine it replaces.
+inline std::string left(int node, int64_t incarnation) {
+  return "trireme/agents/left/" + std::to_string(node) + "/" + std::to_string(incarnation);
+}
+inline std::string flushed(int node, int64_t incarnation) {
+  return "trireme/agents/flushed/" + std::to_string(node) + "/" + std::to_string(incarnation);
+}
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
 inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
