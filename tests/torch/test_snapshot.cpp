@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -146,6 +148,37 @@ TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{3, 2}));
   const Checkpoint c = Checkpoint::open(area.path + "/3", /*verify_data=*/true);
   EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {8, 8}}), at_three));
+}
+
+// Entries that are not a step's checkpoint are skipped, not thrown up: a directory whose
+// name is a number too large for a step, and a manifest whose fields have the wrong type
+// (before, std::out_of_range and a plain Error escaped find_latest and complete_steps, and
+// --resume or a restart ended instead of taking the good step below them).
+TEST(Snapshotter, MalformedEntriesAreSkipped) {
+  TempDir area;
+  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
+  at::Tensor weight = at::randn({4, 4});
+  at::Tensor step = at::zeros({1}, at::kLong);
+  for (int64_t s = 1; s <= 2; ++s) snapshots.take(s, pieces_of(weight, step));
+  snapshots.wait();
+  fs::create_directories(area.path + "/99999999999999999999");  // beyond int64
+  fs::copy(area.path + "/2", area.path + "/3");
+  std::string manifest;
+  {
+    std::ifstream in(area.path + "/3/manifest.json");
+    manifest.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t shape = manifest.find("\"shape\":");
+  ASSERT_NE(shape, std::string::npos) << manifest;
+  manifest.replace(shape, manifest.find(']', shape) + 1 - shape, "\"shape\":\"x\"");
+  std::ofstream(area.path + "/3/manifest.json") << manifest;
+  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{2, 1}));
+  std::vector<std::string> skipped;
+  const auto latest = Checkpoint::find_latest(area.path, &skipped);
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->step(), 2);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("field shape is not a list of integers"), std::string::npos) << skipped[0];
 }
 
 // take() leaves the copy of host state to the writer thread; before_update() finishes it

@@ -6,6 +6,7 @@
 // whole model.
 #include <torch/optim/adamw.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,12 +204,16 @@ constexpr int64_t kMaxSnapshotInterval = 1024;
 // not), in the first generation only. It first waits (up to 30 s) until every rank of its
 // node has committed its snapshot of STEP-1: the other ranks' idle-priority writers may
 // lag, and the test expects the restart to find STEP-1 whole everywhere.
+// "RANK:STEP:damage" also flips a byte in the middle of the data of its snapshot of
+// STEP-1 first, as a memory fault would: the restart must skip that one too.
 std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart, const std::string& snapshot_dir) {
   const char* spec = std::getenv("TRIREME_TEST_KILL_IN_SNAPSHOT");
   int victim = -1;
   long long at = -1;
-  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld", &victim, &at) != 2 || victim != rank) return {};
-  return [at, snapshot_dir](int64_t step) {
+  char how[16] = "";
+  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld:%15s", &victim, &at, how) < 2 || victim != rank) return {};
+  const bool damage = std::string(how) == "damage";
+  return [at, damage, snapshot_dir](int64_t step) {
     if (step != at) return;
     namespace fs = std::filesystem;
     const auto committed_everywhere = [&] {
@@ -223,6 +228,20 @@ std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart, const 
     const double deadline = obs::now_us() + 30e6;
     while (!committed_everywhere() && obs::now_us() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (damage) {  // the largest file of the snapshot: its data (the magic line is at the start)
+      std::error_code ec;
+      fs::path data;
+      for (const auto& entry : fs::directory_iterator(snapshot_dir + "/" + std::to_string(at - 1), ec))
+        if (entry.is_regular_file(ec) && (data.empty() || entry.file_size(ec) > fs::file_size(data, ec)))
+          data = entry.path();
+      const int fd = ::open(data.c_str(), O_RDWR);
+      const auto middle = static_cast<off_t>(fs::file_size(data, ec) / 2);
+      unsigned char byte = 0;
+      if (fd < 0 || ::pread(fd, &byte, 1, middle) != 1) std::abort();
+      byte ^= 0x01;
+      if (::pwrite(fd, &byte, 1, middle) != 1) std::abort();
+      ::close(fd);
+    }
     std::raise(SIGKILL);
   };
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -80,7 +81,7 @@ void sync_directory(const std::string& dir) {
 }
 
 std::vector<int64_t> ints(const json& j, const std::string& where, const char* field) {
-  TRIREME_ENFORCE_EQ(j.is_array(), true, "");
+  if (!j.is_array()) TRIREME_THROW(CheckpointCorrupt, where, ": field ", field, " is not a list of integers");
   std::vector<int64_t> out;
   for (const auto& v : j) {
     if (!v.is_number_integer()) TRIREME_THROW(CheckpointCorrupt, where, ": field ", field, " is not a list of integers");
@@ -180,10 +181,12 @@ std::vector<int64_t> checkpoint_steps(const std::string& root) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.empty() ||
-        !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    steps.push_back(std::stoll(name));
+    int64_t step = 0;
+    const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), step);
+    if (!entry.is_directory(ec) || name.empty() || error != std::errc() || end != name.data() + name.size() ||
+        step < 0)
+      continue;  // not a step's directory (or a number too large to be one)
+    steps.push_back(step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -283,7 +286,9 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
       char magic[kMagicBytes];
       if (!f.read(magic, kMagicBytes) || std::memcmp(magic, kMagic, kMagicBytes) != 0)
         TRIREME_THROW(CheckpointCorrupt, path, ": not a Trireme checkpoint shard (bad magic line)");
-      const uint64_t size = fs::file_size(path);
+      std::error_code size_error;
+      const uint64_t size = fs::file_size(path, size_error);
+      if (size_error) TRIREME_THROW(CheckpointCorrupt, path, ": cannot read its size (", size_error.message(), ")");
       if (size < bytes)
         TRIREME_THROW(CheckpointCorrupt, path, ": truncated (", size, " bytes, the manifest needs ", bytes, ")");
     }

@@ -280,7 +280,8 @@ std::optional<Checkpoint> local_share(const TrainingState& s, const std::vector<
     if (entry.path().filename().string().rfind("rank-", 0) != 0 || dir == own_dir) continue;
     if (!fs::exists(dir + "/" + std::to_string(step) + "/manifest.json", ec)) continue;  // not complete
     try {
-      Checkpoint c = Checkpoint::open(dir + "/" + std::to_string(step), /*verify_data=*/false);
+      // (Verified: it is read after the group has agreed who reads what.)
+      Checkpoint c = Checkpoint::open(dir + "/" + std::to_string(step), /*verify_data=*/true);
       if (!c.has("share/dp")) continue;
       const at::Tensor share = c.read("share/dp", whole({2}));
       if (share[0].item<int64_t>() != s.dp || share[1].item<int64_t>() != root) continue;
@@ -519,19 +520,28 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shar
       }
     const int64_t agreed = world_min(s, candidate);
     if (agreed < 0) return 0;
-    const bool have = std::find(mine.begin(), mine.end(), agreed) != mine.end();
-    if (world_min(s, have ? 1 : 0) == 1) {
-      const Checkpoint own = Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/false);
+    // Its data verified before the vote: a slice that fails its CRC later, in the middle
+    // of the restore's collectives, would fail this rank alone, and every restart after it
+    // would agree on the same damaged step again.
+    std::optional<Checkpoint> own;
+    if (std::find(mine.begin(), mine.end(), agreed) != mine.end()) {
+      try {
+        own = Checkpoint::open(dir + "/" + std::to_string(agreed), /*verify_data=*/true);
+      } catch (const CheckpointCorrupt& e) {
+        std::fprintf(stderr, "trireme: skipping a damaged snapshot: %s\n", e.what());
+      }
+    }
+    if (world_min(s, own ? 1 : 0) == 1) {
       // Shared by the data-parallel group (every rank's or none: the same flags wrote them).
-      const int64_t shared = own.has("share/dp") ? 1 : 0;
+      const int64_t shared = own->has("share/dp") ? 1 : 0;
       if (world_min(s, shared) != -world_min(s, -shared))
         TRIREME_THROW(Error, "the snapshots of step ", agreed, " are shared by the data-parallel group on some ranks "
                              "and not on others; resume from a checkpoint");
       if (shared_out) *shared_out = shared != 0;
       if (shared)
-        load_shared(s, own, dir);
+        load_shared(s, *own, dir);
       else
-        load_from(s, own);
+        load_from(s, *own);
       return agreed;
     }
     bound = agreed - 1;
@@ -671,9 +681,10 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
     for (const Source& source : sources) {
       if (source.step != step) continue;
       try {
-        opened.push_back(Checkpoint::open(source.dir, /*verify_data=*/false));
-      } catch (const CheckpointCorrupt&) {
-        // a damaged copy serves nothing; the others may
+        // Verified now: the reads below come after the group's vote on who covers what.
+        opened.push_back(Checkpoint::open(source.dir, /*verify_data=*/true));
+      } catch (const CheckpointCorrupt& e) {
+        std::fprintf(stderr, "trireme: skipping a damaged snapshot: %s\n", e.what());  // the others may serve
       }
     }
     const std::vector<const Checkpoint*> chosen = cover(s, opened);
