@@ -7,11 +7,13 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 
+#include "trireme/common/error.h"
 #include "trireme/launch/agent.h"
 
 using namespace trireme::launch;
@@ -21,6 +23,7 @@ namespace {
 
 class MemoryChannel : public AgentChannel {
  public:
+  std::function<void(const std::string&)> before_wait;  // e.g. throws, as a lost store does
   void set(const std::string& key, const std::string& value) override {
     std::lock_guard<std::mutex> lock(mu_);
     values_[key] = value;
@@ -40,6 +43,7 @@ class MemoryChannel : public AgentChannel {
     return v;
   }
   bool wait_for(const std::string& key, std::chrono::milliseconds timeout) override {
+    if (before_wait) before_wait(key);
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; });
   }
@@ -432,4 +436,31 @@ TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
   EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0");
   EXPECT_EQ(channel.try_get(keys::restart_members(2)), "0,1") << io.stderr_text();
   EXPECT_NE(io.stdout_text().find("gen=2 world=2"), std::string::npos);
+}
+
+// The store going away in the middle of a restart (node 0 ended the job, or its machine
+// was lost) ends the agent with one line, and its snapshot area goes with it (before, the
+// CommError escaped run() and the area stayed in /dev/shm).
+TEST(LaunchAgent, AStoreLostDuringARestartEndsTheAgentAndRemovesItsArea) {
+  const std::string root = "/tmp/trireme-test-agent-areas-" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  ::setenv("TRIREME_SNAPSHOT_ROOT", root.c_str(), 1);
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.before_wait = [](const std::string& key) {
+    if (key == keys::restart_members(1)) throw trireme::CommError("connection reset (simulated)");
+  };
+  LaunchOptions o = sh_options(1, "mkdir -p $TRIREME_SNAPSHOT_DIR/rank-0 && echo x > $TRIREME_SNAPSHOT_DIR/rank-0/data; "
+                                  "exit 3");
+  o.max_restarts = 1;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  ::unsetenv("TRIREME_SNAPSHOT_ROOT");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.failure.find("lost the rendezvous store"), std::string::npos) << result.failure;
+  EXPECT_NE(result.failure.find("while restarting"), std::string::npos) << result.failure;
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) left.push_back(entry.path().string());
+  std::filesystem::remove_all(root);
+  EXPECT_TRUE(left.empty()) << left.front();
 }

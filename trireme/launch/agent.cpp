@@ -263,6 +263,7 @@ Agent::~Agent() {
     close_stream(w, 0);
     close_stream(w, 1);
   }
+  remove_snapshot_dir();  // (again, after run() did: also when an exception ends it)
 }
 
 std::string Agent::worker_name(const Worker& w) const {
@@ -296,7 +297,14 @@ LaunchResult Agent::run() {
                              event.ending == Ending::kRemoteRestart || event.ending == Ending::kNodeLost ||
                              event.ending == Ending::kNodeJoin;
     if (restartable && generation_ < options_.max_restarts) {
-      if (auto refused = restart_generation(generation_ + 1, event)) {
+      std::optional<LaunchResult> refused;
+      try {
+        refused = restart_generation(generation_ + 1, event);
+      } catch (const CommError& e) {  // the store went away in the middle of the restart
+        refused = LaunchResult{1, "lost the rendezvous store at " + rdzv() + " while restarting (" + e.what() +
+                                      "): the job ended on another node, or the machine hosting the store was lost"};
+      }
+      if (refused) {
         end_standby();
         remove_snapshot_dir();
         return *refused;
