@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -463,4 +464,49 @@ TEST(LaunchAgent, AStoreLostDuringARestartEndsTheAgentAndRemovesItsArea) {
   for (const auto& entry : std::filesystem::directory_iterator(root)) left.push_back(entry.path().string());
   std::filesystem::remove_all(root);
   EXPECT_TRUE(left.empty()) << left.front();
+}
+
+// Node 0's workers finished and its agent waits at the exit barrier, beating on (it keeps
+// the store up); then a worker here fails and this agent leads the restart. Node 0 will
+// never check in: the job ends at once, saying why (before, the leader waited for it with
+// no deadline, and node 0 for the barrier, until --exit-barrier ran out).
+TEST(LaunchAgent, ARestartAfterAnotherNodeFinishedEndsTheJob) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);  // node 0 joined
+  std::atomic<bool> stop{false};
+  std::thread node0([&] {
+    for (int beat = 1; !stop; ++beat) {
+      channel.set(keys::alive(0), std::to_string(beat));
+      if (beat == 3) {  // its workers finished
+        channel.set(keys::done(0), "1");
+        channel.add(keys::kDone, 1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  const std::string go = "/tmp/trireme-test-agent-finished-" + std::to_string(::getpid());
+  LaunchOptions o = sh_options(1, "while [ ! -e " + go + " ]; do sleep 0.02; done; exit 1");
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;  // node 0 is not lost: it beats
+  o.join_timeout_s = 30;
+  o.rdzv_port = 1234;
+  std::thread release([&] {  // the worker here fails once node 0 has finished
+    while (!channel.try_get(keys::done(0))) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::close(::open(go.c_str(), O_CREAT | O_WRONLY, 0600));
+  });
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  stop = true;
+  node0.join();
+  release.join();
+  ::unlink(go.c_str());
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.failure.find("exited with code 1"), std::string::npos) << result.failure;
+  EXPECT_NE(result.failure.find("node 0 had already finished"), std::string::npos) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::kFailure), result.failure);  // node 0's barrier sees it and ends too
 }

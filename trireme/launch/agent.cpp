@@ -456,6 +456,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
 std::optional<LaunchResult> Agent::decide_members(int generation) {
   std::map<int, NodeState> states;
   std::vector<int> waiting = members_;  // old members not yet checked in, left or lost
+  std::vector<int> ended;               // old members whose agent is ending (keys::done)
   const auto now = Clock::now();
   for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join
     if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) waiting.push_back(id);
@@ -471,6 +472,8 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
         states[id] = NodeState::kLeft;
       } else if (stale(id, Clock::now())) {
         states[id] = NodeState::kLost;
+      } else if (!joiner && channel_.try_get(keys::done(id))) {
+        ended.push_back(id);  // it beats on (node 0 keeps the store up) but will not check in
       } else if (joiner && peer_beats_[id].second > now) {
         states[id] = NodeState::kJoining;  // its heartbeat went on: alive and waiting
       } else {
@@ -483,6 +486,16 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
     pump(kMembershipPoll);
     if (first_signal_)
       return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+  }
+  if (!ended.empty()) {
+    const std::string failure =
+        channel_.try_get(keys::kFailure)
+            .value_or(channel_.try_get(keys::restart(generation)).value_or("a worker failed") + "; node" +
+                      (ended.size() > 1 ? "s " : " ") + join_ids(ended) +
+                      " had already finished (its workers exited), so the job cannot restart");
+    publish_failure(failure);
+    channel_.set(keys::restart_members(generation), "");
+    return LaunchResult{1, failure};
   }
   const MembershipDecision d = decide_membership(members_, states, min_nodes(options_), options_.nnodes,
                                                  elastic(options_), options_.node_timeout_s);
@@ -1074,6 +1087,7 @@ void Agent::publish_failure(const std::string& what) {
 
 void Agent::mark_done() {
   try {
+    channel_.set(keys::done(options_.node_rank), "1");
     if (channel_.add(keys::kDone, 1) >= static_cast<int64_t>(members_.size())) channel_.set(keys::kAllDone, "1");
   } catch (const Error&) {
     // The store is gone: nobody waits for us any more.

@@ -10,6 +10,7 @@
 //   trireme/failure         one line naming the first failed rank (or stopped agent);
 //                           every agent polls it and stops its workers when set
 //   trireme/agents/done     counter; each agent adds 1 when its workers are gone
+//   trireme/agents/done/N   agent N added to it: a restart leader stops waiting for N
 //   trireme/agents/all_done set by the agent whose add made `done` reach nnodes; node 0
 //                           waits for it before closing the store
 //   trireme/restart/G       (--max-restarts) set by an agent whose worker failed: every
@@ -73,6 +74,9 @@ inline constexpr const char* kJoined = "trireme/agents/joined";
 inline constexpr const char* kReady = "trireme/agents/ready";
 inline constexpr const char* kFailure = "trireme/failure";
 inline constexpr const char* kDone = "trireme/agents/done";
+// Set by agent N with its add to kDone: it is ending (its workers finished, or the job
+// failed), so it will not check in to a restart.
+inline std::string done(int node) { return std::string(kDone) + "/" + std::to_string(node); }
 inline constexpr const char* kAllDone = "trireme/agents/all_done";
 // A worker's one-line role ("pipeline stage 1 of 2, data-parallel replica 0"), set by the
 // worker (dist::World::announce_role) and named by the agent when that worker fails.
