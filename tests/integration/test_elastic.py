@@ -322,6 +322,9 @@ class Elastic(ElasticBase):
         self.assertEqual(resumed, [finished], "a finished step was lost")
         for step in stopped:
             self.assertEqual(step, finished)
+        for line in err1.splitlines():  # snapshots every step: its newest is the step it stopped after
+            if "stopped after step" in line:
+                self.assertIn(f"its snapshot of step {finished} committed", line)
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
         self.assertEqual(workers_alive(self.marker), [])
         return errs

@@ -463,6 +463,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     int64_t every = 1;
   } unjudged;  // the last snapshot, until the next step's before_update() completes its stall
   int64_t snapshot_every = ft::snapshot_interval(opt.snapshot_every, snapshot_dir);
+  int64_t last_snapshot = first_step;  // the newest step snapshotted (or resumed from)
   // Disk checkpoints are written in the background too, committed through the store.
   std::unique_ptr<ft::BackgroundWriter> checkpointer;
   if (opt.checkpoint_every > 0)
@@ -596,6 +597,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     double snapshot_held_us = -1;
     if (snapshotter && (step + 1) % snapshot_every == 0) {
       snapshot_held_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
+      last_snapshot = step + 1;
       times.snapshot_us += snapshot_held_us;
       if (snapshotter->made_slot()) snapshot_held_us = -1;
     }
@@ -623,9 +625,11 @@ int train_worker_main(const std::vector<std::string>& args) {
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }
     if (stop_requested) {
+      // (Its newest snapshot: with a longer interval than 1 the job resumes from the newest
+      // step every rank snapshotted, and the steps since are run again.)
       if (snapshotter) snapshotter->wait();
-      std::fprintf(stderr, "gpt: rank %d stopped after step %lld (SIGTERM), its snapshot committed\n", rank,
-                   (long long)(step + 1));
+      std::fprintf(stderr, "gpt: rank %d stopped after step %lld (SIGTERM), its snapshot of step %lld committed\n",
+                   rank, (long long)(step + 1), (long long)last_snapshot);
       std::fflush(stderr);
       std::_Exit(128 + SIGTERM);
     }
