@@ -89,6 +89,7 @@ TEST_F(ProtectedBlob, AHoleNothingFillsIsRefused) {
   } catch (const trireme::CheckpointCorrupt& e) {
     EXPECT_NE(std::string(e.what()).find("no copy of the replicated slice own|"), std::string::npos) << e.what();
   }
+  EXPECT_TRUE(fs::is_empty(root_ + "/rebuilt"));  // the file it had begun is gone again
 }
 
 TEST_F(ProtectedBlob, MalformedBlobsAreRefused) {
@@ -100,6 +101,9 @@ TEST_F(ProtectedBlob, MalformedBlobsAreRefused) {
     } catch (const trireme::CheckpointCorrupt& e) {
       SUCCEED() << e.what();
     }
+    // Nothing half-written stays where a restart would look for a source.
+    const std::string rebuilt = root_ + "/rebuilt";
+    EXPECT_TRUE(!fs::exists(rebuilt) || fs::is_empty(rebuilt)) << "a blob that " << why << " left files behind";
   };
   refused({blob.begin(), blob.end() - 1}, "is one byte short");
   std::vector<uint8_t> padded = blob;

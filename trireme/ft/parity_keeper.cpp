@@ -719,11 +719,13 @@ KeeperRecovery ParityKeeper::recover_or_throw(const KeeperGeneration& previous, 
   HoleFill fill;  // the replicated slices, from this machine's own copy
   for (auto& [machine, bytes] : rebuilt) {
     const std::string node = "node " + std::to_string(previous.members[static_cast<size_t>(machine)]);
+    std::vector<std::string> dirs;
     try {
       if (!fill) fill = fill_from(root, state->files);
       std::vector<int> ranks;
       uint64_t written = 0;
-      for (const std::string& dir : write_blob(bytes, root, fill)) {
+      dirs = write_blob(bytes, root, fill);
+      for (const std::string& dir : dirs) {
         const Checkpoint copy = Checkpoint::open(root + "/" + dir, /*verify_data=*/true);
         TRIREME_CHECK(copy.step() == step, root, "/", dir, " holds step ", copy.step());
         ranks.push_back(copy.layout().rank >= 0 ? copy.layout().rank : std::stoi(dir.substr(dir.find('-') + 1)));
@@ -733,6 +735,9 @@ KeeperRecovery ParityKeeper::recover_or_throw(const KeeperGeneration& previous, 
                      size_text(bytes.size()) + " of it coded, the rest replicated here)");
     } catch (const std::exception& e) {
       failure = node + ": " + dist::error_text(e);
+      // A copy that does not verify must not stay where a restart looks for sources.
+      std::error_code ec;
+      for (const std::string& dir : dirs) fs::remove_all(root + "/" + dir, ec);
     }
     bytes = {};
   }

@@ -209,6 +209,18 @@ std::vector<std::string> write_blob(const std::vector<uint8_t>& blob, const std:
     TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob does not start with its magic line");
   const uint32_t count = r.number<uint32_t>();
   std::vector<std::string> tops;
+  // Half-written copies must not stay where a restart looks for sources: what this wrote
+  // goes again unless it all was written.
+  struct Undo {
+    const std::string& root;
+    const std::vector<std::string>& tops;
+    bool keep = false;
+    ~Undo() {
+      std::error_code ec;
+      if (!keep)
+        for (const std::string& top : tops) fs::remove_all(root + "/" + top, ec);
+    }
+  } undo{root, tops};
   for (uint32_t f = 0; f < count; ++f) {
     const std::string path = r.text();
     if (!plain_relative(path))
@@ -257,6 +269,7 @@ std::vector<std::string> write_blob(const std::vector<uint8_t>& blob, const std:
     if (!out) TRIREME_THROW(Error, "cannot write ", target.string());
   }
   if (!r.done()) TRIREME_THROW(CheckpointCorrupt, "a rebuilt snapshot blob has bytes after its last file");
+  undo.keep = true;
   return tops;
 }
 
