@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
@@ -509,4 +510,54 @@ TEST(LaunchAgent, ARestartAfterAnotherNodeFinishedEndsTheJob) {
   EXPECT_NE(result.failure.find("exited with code 1"), std::string::npos) << result.failure;
   EXPECT_NE(result.failure.find("node 0 had already finished"), std::string::npos) << result.failure;
   EXPECT_EQ(channel.try_get(keys::kFailure), result.failure);  // node 0's barrier sees it and ends too
+}
+
+// A signal to an agent in the middle of a restart publishes the failure: the others would
+// otherwise wait for it at the next barrier until --join-timeout.
+TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined; it beats but is slow to check in
+  std::atomic<bool> stop{false};
+  std::thread node1([&] {
+    for (int beat = 1; !stop; ++beat) {
+      channel.set(keys::alive(1), std::to_string(beat));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  std::thread signal([&] {  // once this agent has checked in to restart 1 (it leads it)
+    if (channel.wait_for(keys::restart_in(1, 0), std::chrono::seconds(20))) ::kill(::getpid(), SIGINT);
+  });
+  LaunchOptions o = sh_options(1, "exit 3");
+  o.nnodes = 2;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;
+  o.join_timeout_s = 30;
+  o.rdzv_port = 1234;
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  stop = true;
+  node1.join();
+  signal.join();
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.exit_code, 128 + SIGINT) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::kFailure), "node 0's agent received SIGINT while restarting");
+}
+
+// A node that gives up waiting to join withdraws its request (a later restart's leader
+// would wait for it as a joiner until --node-timeout).
+TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 2);  // the job runs with its 2 nodes
+  LaunchOptions o = one_node_left_options("exit 0", 1);
+  o.node_rank = 1;
+  o.join_timeout_s = 1;
+  channel.add(keys::lost(1), 1);  // node 1 was dropped: this is its replacement
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.failure.find("waiting for the running job to take node 1"), std::string::npos) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::kPending), "1");  // it did ask
+  EXPECT_EQ(channel.try_get(keys::pending(1)), "");  // and withdrew
 }

@@ -203,6 +203,7 @@ class Agent {
   void beat();
   bool stale(int node, Clock::time_point now);
   void publish_failure(const std::string& what);
+  LaunchResult signalled_while_restarting();
   void mark_done();
   // Waits for key until deadline while noticing signals and, with watch_failure, a
   // failure published meanwhile (kept in published_failure_).
@@ -439,7 +440,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
     case WaitEnd::kSet:
       break;
     case WaitEnd::kSignal:
-      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+      return signalled_while_restarting();
     case WaitEnd::kFailure:
       return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
     case WaitEnd::kTimeout: {
@@ -485,7 +486,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
     if (waiting.empty()) break;
     pump(kMembershipPoll);
     if (first_signal_)
-      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+      return signalled_while_restarting();
   }
   if (!ended.empty()) {
     const std::string failure =
@@ -554,7 +555,7 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
       restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
       return std::nullopt;
     case WaitEnd::kSignal:
-      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+      return signalled_while_restarting();
     case WaitEnd::kFailure:
       return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
     case WaitEnd::kTimeout:
@@ -683,6 +684,15 @@ std::optional<LaunchResult> Agent::join_running() {
   write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  // A node that gives up withdraws its request: a later restart's leader would otherwise
+  // wait for it as a joiner until --node-timeout.
+  const auto give_up = [&](LaunchResult result) {
+    try {
+      channel_.set(keys::pending(options_.node_rank), "");
+    } catch (const Error&) {
+    }
+    return result;
+  };
   while (true) {
     WaitEnd end;
     try {
@@ -696,14 +706,14 @@ std::optional<LaunchResult> Agent::join_running() {
       case WaitEnd::kSet:
         break;
       case WaitEnd::kSignal:
-        return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while waiting to join"};
+        return give_up({128 + first_signal_, "received " + signal_name(first_signal_) + " while waiting to join"});
       case WaitEnd::kFailure:
-        return LaunchResult{1, published_failure_ + "; " + node() + " did not join"};
+        return give_up({1, published_failure_ + "; " + node() + " did not join"});
       case WaitEnd::kTimeout:
-        return LaunchResult{1, "timed out after " + std::to_string(options_.join_timeout_s) +
-                                   " s waiting for the running job to take " + node() +
-                                   " (it has --nnodes MAX nodes already, has no --max-restarts left, or it "
-                                   "finished)"};
+        return give_up({1, "timed out after " + std::to_string(options_.join_timeout_s) +
+                               " s waiting for the running job to take " + node() +
+                               " (it has --nnodes MAX nodes already, has no --max-restarts left, or it "
+                               "finished)"});
     }
     const std::vector<int> members = parse_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (contains(members, options_.node_rank)) {
@@ -1083,6 +1093,14 @@ void Agent::publish_failure(const std::string& what) {
   } catch (const Error&) {
     // The store is gone: the other agents notice that by themselves.
   }
+}
+
+// A signal in the middle of a restart: the others would wait for this node at the next
+// barrier until --join-timeout; the job ends now, saying why. (A preemption notice then
+// ends an elastic job instead of re-forming it without this node: rare, and bounded.)
+LaunchResult Agent::signalled_while_restarting() {
+  publish_failure(node() + "'s agent received " + signal_name(first_signal_) + " while restarting");
+  return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
 }
 
 void Agent::mark_done() {
