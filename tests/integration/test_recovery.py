@@ -8,8 +8,9 @@ processes, real kill -9):
   and with whole ones (--snapshot-share 0);
 - kill -9 in the middle of a snapshot (data written, manifest not; through the
   TRIREME_TEST_KILL_IN_SNAPSHOT seam, which makes the worker SIGKILL itself there):
-  recovery uses the previous complete snapshot, still bitwise equal at the end; and when
-  that one's data is damaged too (a flipped byte), the one before it;
+  recovery uses the previous complete snapshot, still bitwise equal at the end; and a
+  committed snapshot whose data is damaged (a flipped byte, TRIREME_TEST_DAMAGE_SNAPSHOT)
+  is skipped for the one before it;
 - a worker that hangs (stops without exiting) is detected by its stalled heartbeat
   (--heartbeat-timeout), killed, and the job restarts and finishes bitwise equal too;
 - across two agents (emulated machines): the failure on one makes both start a new
@@ -208,12 +209,12 @@ class Recovery(unittest.TestCase):
         self.assertIn("resumed at step 6 from memory snapshots", stderr)
 
     def test_damaged_snapshot_is_skipped(self):
-        # Rank 1's committed snapshot of step 6 has a flipped byte (a memory fault), then it
-        # dies writing step 7: the ranks agree on step 6 by its manifest, but rank 1's data
-        # fails its CRC, so the restart takes step 5 (before, the damaged step was agreed on,
-        # its restore failed on one rank, and every restart picked it again).
+        # Rank 1's committed snapshot of step 6 gets a flipped byte (a memory fault), then it
+        # dies: the ranks agree on step 6 by its manifest, but rank 1's data fails its CRC,
+        # so the restart takes step 5 (before, the damaged step was agreed on, its restore
+        # failed on one rank, and every restart picked it again).
         stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=1,
-                            env={"TRIREME_TEST_KILL_IN_SNAPSHOT": "1:7:damage"})
+                            env={"TRIREME_TEST_DAMAGE_SNAPSHOT": "1:6"})
         self.assertIn("skipping a damaged snapshot", stderr)
         self.assertIn("CRC-32 mismatch", stderr)
         self.assertIn("resumed at step 5 from memory snapshots", stderr)

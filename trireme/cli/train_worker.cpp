@@ -199,51 +199,70 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
 // The snapshot interval's ceiling when the stall policy keeps doubling it.
 constexpr int64_t kMaxSnapshotInterval = 1024;
 
+// Waits (up to 30 s) until every rank of this node (the rank directories beside
+// `snapshot_dir`) has committed its snapshot of `step`: the other ranks' idle-priority
+// writers may lag, and the test seams below expect that step whole everywhere.
+void await_snapshot_on_node(const std::string& snapshot_dir, int64_t step) {
+  namespace fs = std::filesystem;
+  const auto committed_everywhere = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(fs::path(snapshot_dir).parent_path(), ec)) {
+      if (entry.path().filename().string().rfind("rank-", 0) != 0) continue;
+      const auto steps = ft::Snapshotter::complete_steps(entry.path().string());
+      if (std::find(steps.begin(), steps.end(), step) == steps.end()) return false;
+    }
+    return true;
+  };
+  const double deadline = obs::now_us() + 30e6;
+  while (!committed_everywhere() && obs::now_us() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 // Test seam (STYLE 8): TRIREME_TEST_KILL_IN_SNAPSHOT="RANK:STEP" makes that rank kill
 // itself with SIGKILL in the middle of writing its snapshot of STEP (data written, manifest
-// not), in the first generation only. It first waits (up to 30 s) until every rank of its
-// node has committed its snapshot of STEP-1: the other ranks' idle-priority writers may
-// lag, and the test expects the restart to find STEP-1 whole everywhere.
-// "RANK:STEP:damage" also flips a byte in the middle of the data of its snapshot of
-// STEP-1 first, as a memory fault would: the restart must skip that one too.
+// not), in the first generation only, once STEP-1 is whole on the node.
 std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart, const std::string& snapshot_dir) {
   const char* spec = std::getenv("TRIREME_TEST_KILL_IN_SNAPSHOT");
   int victim = -1;
   long long at = -1;
-  char how[16] = "";
-  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld:%15s", &victim, &at, how) < 2 || victim != rank) return {};
-  const bool damage = std::string(how) == "damage";
-  return [at, damage, snapshot_dir](int64_t step) {
+  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld", &victim, &at) != 2 || victim != rank) return {};
+  return [at, snapshot_dir](int64_t step) {
     if (step != at) return;
-    namespace fs = std::filesystem;
-    const auto committed_everywhere = [&] {
-      std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(fs::path(snapshot_dir).parent_path(), ec)) {
-        if (entry.path().filename().string().rfind("rank-", 0) != 0) continue;
-        const auto steps = ft::Snapshotter::complete_steps(entry.path().string());
-        if (std::find(steps.begin(), steps.end(), at - 1) == steps.end()) return false;
-      }
-      return true;
-    };
-    const double deadline = obs::now_us() + 30e6;
-    while (!committed_everywhere() && obs::now_us() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (damage) {  // the largest file of the snapshot: its data (the magic line is at the start)
-      std::error_code ec;
-      fs::path data;
-      for (const auto& entry : fs::directory_iterator(snapshot_dir + "/" + std::to_string(at - 1), ec))
-        if (entry.is_regular_file(ec) && (data.empty() || entry.file_size(ec) > fs::file_size(data, ec)))
-          data = entry.path();
-      const int fd = ::open(data.c_str(), O_RDWR);
-      const auto middle = static_cast<off_t>(fs::file_size(data, ec) / 2);
-      unsigned char byte = 0;
-      if (fd < 0 || ::pread(fd, &byte, 1, middle) != 1) std::abort();
-      byte ^= 0x01;
-      if (::pwrite(fd, &byte, 1, middle) != 1) std::abort();
-      ::close(fd);
-    }
+    await_snapshot_on_node(snapshot_dir, at - 1);
     std::raise(SIGKILL);
   };
+}
+
+// Test seam: TRIREME_TEST_DAMAGE_SNAPSHOT="RANK:STEP" makes that rank of the first
+// generation, on the training thread right after its snapshot of STEP, wait until STEP is
+// whole on the node, flip a byte in the middle of its own snapshot's data (as a memory
+// fault would), and kill itself with SIGKILL. The other ranks cannot finish STEP+1 without
+// it, so every rank still holds STEP-1, which the restart must fall back to.
+int64_t damage_snapshot_step(int rank, int restart) {
+  const char* spec = std::getenv("TRIREME_TEST_DAMAGE_SNAPSHOT");
+  int victim = -1;
+  long long at = -1;
+  if (!spec || restart > 0 || std::sscanf(spec, "%d:%lld", &victim, &at) != 2 || victim != rank) return -1;
+  return at;
+}
+
+void damage_snapshot_and_die(ft::Snapshotter& snapshotter, const std::string& snapshot_dir, int64_t step) {
+  namespace fs = std::filesystem;
+  snapshotter.wait();  // its own commit
+  await_snapshot_on_node(snapshot_dir, step);
+  std::error_code ec;
+  fs::path data;  // the largest file of the snapshot: its data (the magic line is at the start)
+  for (const auto& entry : fs::directory_iterator(snapshot_dir + "/" + std::to_string(step), ec))
+    if (entry.is_regular_file(ec) && (data.empty() || entry.file_size(ec) > fs::file_size(data, ec)))
+      data = entry.path();
+  const int fd = ::open(data.c_str(), O_RDWR);
+  const auto middle = static_cast<off_t>(fs::file_size(data, ec) / 2);
+  unsigned char byte = 0;
+  if (fd < 0 || ::pread(fd, &byte, 1, middle) != 1) std::abort();
+  byte ^= 0x01;
+  if (::pwrite(fd, &byte, 1, middle) != 1) std::abort();
+  ::close(fd);
+  std::raise(SIGKILL);
 }
 
 // Keeps the lines of a metrics.jsonl whose step is at most `last` (a resumed run writes
@@ -464,6 +483,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   } unjudged;  // the last snapshot, until the next step's before_update() completes its stall
   int64_t snapshot_every = ft::snapshot_interval(opt.snapshot_every, snapshot_dir);
   int64_t last_snapshot = first_step;  // the newest step snapshotted (or resumed from)
+  const int64_t damage_at = damage_snapshot_step(rank, restart);
   // Disk checkpoints are written in the background too, committed through the store.
   std::unique_ptr<ft::BackgroundWriter> checkpointer;
   if (opt.checkpoint_every > 0)
@@ -598,6 +618,7 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (snapshotter && (step + 1) % snapshot_every == 0) {
       snapshot_held_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
       last_snapshot = step + 1;
+      if (damage_at == step + 1) damage_snapshot_and_die(*snapshotter, snapshot_dir, step + 1);  // test seam
       times.snapshot_us += snapshot_held_us;
       if (snapshotter->made_slot()) snapshot_held_us = -1;
     }
