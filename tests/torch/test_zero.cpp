@@ -9,7 +9,9 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdio>
+#include <future>
 #include <mutex>
+#include <thread>
 
 #include "ranks.h"
 #include "trireme/comm/reduce_scatter.h"
@@ -53,6 +55,45 @@ TEST(RingReduceScatter, EachRankGetsTheSumOfItsChunk) {
         }
       });
     }
+}
+
+// A ring that fails (here a peer that never joins it, so the receive times out) fails its
+// work's wait() with a CommError, and every later launch fails too: before, wait()
+// returned as if the ring had finished, and ZeRO-2 stepped on partial sums.
+TEST(RingReduceScatter, AFailedRingFailsItsWait) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::promise<void> done;
+  std::shared_future<void> finished = done.get_future().share();
+  std::exception_ptr error;
+  std::thread absent([&] {  // rank 1 joins the group but never the ring
+    try {
+      trireme::dist::GroupOptions options;
+      options.timeout = std::chrono::seconds(1);
+      auto group = trireme::dist::create_gloo_group(store, 1, 2, options);
+      finished.wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  trireme::dist::GroupOptions options;
+  options.timeout = std::chrono::seconds(1);
+  auto group = trireme::dist::create_gloo_group(store, 0, 2, options);
+  {
+    trireme::comm::ReduceScatter rs(group);
+    auto work = rs.launch(ring_input(0, 8));
+    EXPECT_THROW(trireme::dist::wait_work(work, "ring"), trireme::CommError);
+    EXPECT_FALSE(work->isSuccess());
+    auto later = rs.launch(ring_input(0, 8));
+    try {
+      trireme::dist::wait_work(later, "ring");
+      ADD_FAILURE() << "a launch after the ring failed passed";
+    } catch (const trireme::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("ring reduce-scatter failed"), std::string::npos) << e.what();
+    }
+  }
+  done.set_value();
+  absent.join();
+  if (error) std::rethrow_exception(error);
 }
 
 TEST(RingReduceScatter, RefusesABufferThatDoesNotSplit) {

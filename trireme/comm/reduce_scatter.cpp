@@ -20,6 +20,25 @@ c10::intrusive_ptr<c10::ivalue::Future> tensor_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
+// The work of one ring task. Not c10d::Work::create_from_future: its wait() returns
+// normally for a future that failed (only waitAndThrow rethrows), so a failed ring would
+// pass for a finished one and the step would go on with partial sums.
+class RingWork : public c10d::Work {
+ public:
+  explicit RingWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->completed() ? future_->exception_ptr() : nullptr; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    future_->waitAndThrow();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 }  // namespace
 
 ReduceScatter::ReduceScatter(dist::Group group) : group_(std::move(group)) {
@@ -50,14 +69,14 @@ c10::intrusive_ptr<c10d::Work> ReduceScatter::launch(at::Tensor buffer) {
   auto future = tensor_future();
   if (d == 1) {
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{buffer}));
-    return c10d::Work::create_from_future(future);
+    return c10::make_intrusive<RingWork>(future);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({buffer, future});
   }
   wake_.notify_one();
-  return c10d::Work::create_from_future(future);
+  return c10::make_intrusive<RingWork>(future);
 }
 
 void ReduceScatter::run() {
@@ -91,7 +110,15 @@ void ReduceScatter::ring(const at::Tensor& buffer) {
     std::vector<at::Tensor> outgoing{chunk(step.send_chunk)};
     auto recv = group_->recv(incoming, step.from, kRingTag);
     auto send = group_->send(outgoing, step.to, kRingTag);
-    recv->wait();
+    try {
+      recv->wait();
+    } catch (...) {
+      try {  // the send reads the buffer: it must be over before the buffer can go
+        send->wait();
+      } catch (...) {
+      }
+      throw;
+    }
     send->wait();
     chunk(step.recv_chunk).add_(incoming[0]);
   }
