@@ -99,6 +99,10 @@ class TrainBadInput(unittest.TestCase):
         self.refuse(["--nproc-per-node", "1", "--schedule", "gpipe"] + SMALL,
                     "--schedule gpipe needs a pipeline")
 
+    def test_pipeline_on_cuda(self):
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--device", "cuda"] + SMALL,
+                    "--pp 2 with --device cuda is not supported yet")
+
     def test_bad_pp_split(self):
         self.refuse(["--nproc-per-node", "2", "--pp", "2", "--pp-split", "0:1,2:3"] + SMALL, "--pp-split")
 

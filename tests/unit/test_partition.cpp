@@ -83,4 +83,7 @@ TEST(Partition, ParsesAndChecksExplicitSplit) {
   EXPECT_THROW(parse_split("0:4,4:8", 8, 3), trireme::InvalidArgument);   // count
   EXPECT_THROW(parse_split("0-4,4:8", 8, 2), trireme::InvalidArgument);   // syntax
   EXPECT_THROW(parse_split("0:4,4:4,4:8", 8, 3), trireme::InvalidArgument);  // empty part
+  // Out of int's range: not cut down to a number that passes (4294967298 wrapped to 2).
+  EXPECT_THROW(parse_split("0:4294967298,2:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("0:-1,-1:8", 8, 2), trireme::InvalidArgument);
 }

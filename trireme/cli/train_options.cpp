@@ -182,6 +182,12 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->micro_batches >= 1, "--micro-batches must be at least 1, got ",
                 o->micro_batches);
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
+  // The executor posts receives ahead of the sends of the steps before them (they match by
+  // tag on Gloo); NCCL's point-to-point has no tags and runs a pair's operations in order
+  // on one stream, so an early receive would wait for a send queued behind it.
+  TRIREME_CHECK(o->pp == 1 || o->device != "cuda", "--pp ", o->pp,
+                " with --device cuda is not supported yet (the pipeline's early receives would deadlock on "
+                "NCCL); run pipelines with --device cpu, or use --tp and --dp on GPUs");
   TRIREME_CHECK(o->model.heads % o->tp == 0, "--heads ", o->model.heads, " is not divisible by --tp ",
                 o->tp, "; choose --tp dividing the number of heads");
   TRIREME_CHECK(o->model.vocab % o->tp == 0, "--vocab ", o->model.vocab, " is not divisible by --tp ",

@@ -7,6 +7,7 @@
 #include "trireme/parallel/pipeline/partition.h"
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -58,8 +59,8 @@ std::vector<LayerRange> parse_split(const std::string& text, int layers, int par
       errno = 0;
       char* end = nullptr;
       const long v = std::strtol(s.c_str(), &end, 10);
-      TRIREME_CHECK(!s.empty() && *end == '\0' && errno == 0, "--pp-split item '", item,
-                    "' is not BEGIN:END with integers");
+      TRIREME_CHECK(!s.empty() && *end == '\0' && errno == 0 && v >= 0 && v <= INT_MAX, "--pp-split item '", item,
+                    "' is not BEGIN:END with layer numbers");
       return static_cast<int>(v);
     };
     ranges.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
