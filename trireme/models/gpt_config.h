@@ -1,7 +1,9 @@
 // Shape of the reference GPT, and what follows from it without building the model.
 //
 // Pure C++ (no libtorch) so the planner and the CLI can size a model cheaply. The field
-// names map to the CLI flags --vocab --seq --layers --dim --heads --mlp-ratio --dropout.
+// names map to the CLI flags --vocab --seq --layers --dim --heads --mlp-ratio; dropout has
+// no flag (library use only: under tensor parallelism on CUDA its split-region masks are
+// not per rank, and the split stream is not in snapshots, so such a resume is not bitwise).
 #pragma once
 
 #include <cstdint>
