@@ -195,12 +195,25 @@ class Checkpoints(unittest.TestCase):
         manifest = os.path.join(root, "4", "manifest.json")
         with open(manifest) as f:
             data = json.load(f)
+        self.format = data["format"]
         data["format"] = "someone-elses"
         with open(manifest, "w") as f:
             json.dump(data, f)
         code, _, err = self.inspect(os.path.join(root, "4"))
         self.assertEqual(code, 1)
         self.assertIn("not a Trireme checkpoint", err[0])
+        # Numbers that JSON holds but no checkpoint has: refused, not printed as garbage.
+        for field, value in (("step", 1e300), ("dp", 2 ** 40), ("tp", -1)):
+            bad = dict(data, **{"format": self.format, field: value})
+            with open(manifest, "w") as f:
+                json.dump(bad, f)
+            code, _, err = self.inspect(os.path.join(root, "4"))
+            self.assertEqual(code, 1, err)
+            self.assertIn(f"field {field} is not a whole number", err[0])
+        # A file is not a checkpoint directory.
+        code, _, err = self.inspect(manifest)
+        self.assertEqual(code, 2)
+        self.assertIn("is a file, not a directory", err[0])
 
     def test_retention(self):
         out = os.path.join(self.dir, "keep")

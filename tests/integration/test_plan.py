@@ -156,6 +156,21 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("bad-plan.json: layout.micro_batches must be an integer >= 1 (got 0)", proc.stderr)
 
+    def test_out_of_range_numbers_are_refused(self):
+        # One line each, exit 2, nothing else printed before it.
+        model = ["--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2", "--seq", "32"]
+        cases = [(["--evaluate", "--tp", "65536", "--pp", "65536"], "--tp 65536 x --pp 65536 needs more devices"),
+                 (["--overlap", "-0.5"], "--overlap must be in [0, 1]"),
+                 (["--overlap", "nan"], "--overlap expects a finite number, got 'nan'"),
+                 (["--global-batch", "8", "--overlap", "inf"], "--overlap expects a finite number, got 'inf'")]
+        for flags, message in cases:
+            proc = run(["plan", *model, *flags], check=False, timeout=60)
+            lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+            print(f"plan {' '.join(flags)} -> exit {proc.returncode}: {lines[-1] if lines else ''}")
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertEqual(len(lines), 1, proc.stdout + proc.stderr)
+            self.assertIn(message, lines[0])
+
     def test_simulate_reports_each_policy(self):
         cluster = self.write("spot.json", {"groups": [
             {"name": "spot", "device": "V100", "machines": 8, "devices_per_machine": 1, "inter_bandwidth_gbps": 25,
@@ -164,8 +179,10 @@ class PlanTest(unittest.TestCase):
                  "--vocab", "50304"]
         plan = os.path.join(self.dir, "spot-plan.json")
         run(["plan", *model, "--cluster", cluster, "--global-batch", "64", "--out", plan])
-        svg = os.path.join(self.dir, "spot.svg")
+        os.makedirs(os.path.join(self.dir, "out.d"), exist_ok=True)
+        svg = os.path.join(self.dir, "out.d", "spot")  # the second picture goes beside it, named after it
         out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--hours", "6", "--out", svg]).stdout
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "out.d", "spot-machines.svg")), out)
         rows = {line.split()[0]: line.split() for line in out.splitlines()
                 if line.split() and line.split()[0] in ("disk-restart", "memory", "memory-replan")}
         self.assertEqual(set(rows), {"disk-restart", "memory", "memory-replan"}, out)

@@ -174,6 +174,12 @@ class Report(unittest.TestCase):
         out = make_run(layout={"schedule": "pipedream"})
         self.refuse([out], ["run.json", "pipedream"])
 
+        # A run trained with --trace-steps 0 writes [first, first - 1]: it traced nothing.
+        out = make_run(layout={"traced_steps": [2, 1]})
+        self.refuse([out], ["the run traced no steps (--trace-steps 0)", "--trace-steps N"])
+        out = make_run(pp=1, dp=2, ranks=[[], []])
+        self.refuse([out, "--step", "2"], ["--step needs a pipeline run"])
+
         stage0, stage1 = two_stage_events()
         no_step = event(0, 0, 1, "pipeline", "F m0 c0", '{"micro": 0}')
         out = make_run(ranks=[stage0 + [no_step], stage1])

@@ -96,6 +96,41 @@ LaunchOptions one_node_left_options(const std::string& script, int max_restarts)
   return o;
 }
 
+// Node `node_rank` of a fixed-size job of 2 nodes whose other node beats on (it is not lost).
+LaunchOptions two_node_options(const std::string& script, int node_rank) {
+  LaunchOptions o = sh_options(1, script);
+  o.nnodes = 2;
+  o.node_rank = node_rank;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;
+  o.join_timeout_s = 30;
+  o.rdzv_port = 1234;
+  return o;
+}
+
+// Another node's agent as far as its heartbeat goes: beats node `node` every `period`
+// until destroyed, calling on_beat(n) with the n-th beat (what else that node does).
+class Heartbeat {
+ public:
+  Heartbeat(AgentChannel& channel, int node, std::function<void(int)> on_beat = {},
+            std::chrono::milliseconds period = std::chrono::milliseconds(50))
+      : thread_([this, &channel, node, on_beat, period] {
+          for (int beat = 1; !stop_; ++beat) {
+            channel.set(keys::alive(node), "beat-" + std::to_string(beat));
+            if (on_beat) on_beat(beat);
+            std::this_thread::sleep_for(period);
+          }
+        }) {}
+  ~Heartbeat() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -476,34 +511,20 @@ TEST(LaunchAgent, ARestartAfterAnotherNodeFinishedEndsTheJob) {
   CapturedIo io;
   channel.set(keys::kRunId, "abc");
   channel.add(keys::kJoined, 1);  // node 0 joined
-  std::atomic<bool> stop{false};
-  std::thread node0([&] {
-    for (int beat = 1; !stop; ++beat) {
-      channel.set(keys::alive(0), std::to_string(beat));
-      if (beat == 3) {  // its workers finished
-        channel.set(keys::done(0), "1");
-        channel.add(keys::kDone, 1);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
   const std::string go = "/tmp/trireme-test-agent-finished-" + std::to_string(::getpid());
-  LaunchOptions o = sh_options(1, "while [ ! -e " + go + " ]; do sleep 0.02; done; exit 1");
-  o.nnodes = 2;
-  o.node_rank = 1;
-  o.max_restarts = 1;
-  o.node_timeout_s = 30;  // node 0 is not lost: it beats
-  o.join_timeout_s = 30;
-  o.rdzv_port = 1234;
-  std::thread release([&] {  // the worker here fails once node 0 has finished
-    while (!channel.try_get(keys::done(0))) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    ::close(::open(go.c_str(), O_CREAT | O_WRONLY, 0600));
-  });
+  // The worker here fails once node 0's workers have finished.
+  const LaunchOptions o = two_node_options("while [ ! -e " + go + " ]; do sleep 0.02; done; exit 1", 1);
+  LaunchResult result;
   const auto start = Clock::now();
-  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
-  stop = true;
-  node0.join();
-  release.join();
+  {
+    Heartbeat node0(channel, 0, [&](int beat) {
+      if (beat != 3) return;
+      channel.set(keys::done(0), "1");
+      channel.add(keys::kDone, 1);
+      ::close(::open(go.c_str(), O_CREAT | O_WRONLY, 0600));
+    });
+    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  }
   ::unlink(go.c_str());
   EXPECT_LT(seconds_since(start), 10.0);
   EXPECT_EQ(result.exit_code, 1);
@@ -518,26 +539,15 @@ TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
   MemoryChannel channel;
   CapturedIo io;
   channel.add(keys::kJoined, 1);  // node 1 joined; it beats but is slow to check in
-  std::atomic<bool> stop{false};
-  std::thread node1([&] {
-    for (int beat = 1; !stop; ++beat) {
-      channel.set(keys::alive(1), std::to_string(beat));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
   std::thread signal([&] {  // once this agent has checked in to restart 1 (it leads it)
     if (channel.wait_for(keys::restart_in(1, 0), std::chrono::seconds(20))) ::kill(::getpid(), SIGINT);
   });
-  LaunchOptions o = sh_options(1, "exit 3");
-  o.nnodes = 2;
-  o.max_restarts = 1;
-  o.node_timeout_s = 30;
-  o.join_timeout_s = 30;
-  o.rdzv_port = 1234;
+  LaunchResult result;
   const auto start = Clock::now();
-  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
-  stop = true;
-  node1.join();
+  {
+    Heartbeat node1(channel, 1);
+    result = run_agent(two_node_options("exit 3", 0), channel, {"127.0.0.1", 1234}, io.io());
+  }
   signal.join();
   EXPECT_LT(seconds_since(start), 10.0);
   EXPECT_EQ(result.exit_code, 128 + SIGINT) << result.failure;

@@ -23,7 +23,8 @@ int checkpoint_main(const std::vector<std::string>& args) {
                 "usage: trireme checkpoint inspect DIR (a checkpoint, or a directory of them)");
   const std::string& dir = rest[1];
   TRIREME_CHECK(std::filesystem::is_directory(dir), "checkpoint directory ", dir,
-                " does not exist; pass a run's checkpoints/ directory or one of its steps");
+                std::filesystem::exists(dir) ? " is a file, not a directory" : " does not exist",
+                "; pass a run's checkpoints/ directory or one of its steps");
   if (std::filesystem::exists(dir + "/manifest.json") || !std::filesystem::exists(dir)) {
     const ft::Checkpoint checkpoint = ft::Checkpoint::open(dir, /*verify_data=*/true);
     std::printf("%s  verified: manifest, file lengths and every slice's CRC-32\n", checkpoint.describe().c_str());

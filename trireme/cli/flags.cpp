@@ -1,6 +1,7 @@
 #include "trireme/cli/flags.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -22,8 +23,8 @@ double parse_real(const std::string& flag, const std::string& text) {
   errno = 0;
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0, "--", flag,
-                " expects a number, got '", text, "'");
+  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0 && std::isfinite(value), "--", flag,
+                " expects a finite number, got '", text, "'");
   return value;
 }
 
@@ -126,7 +127,9 @@ std::string FlagParser::usage() const {
     std::string left = "  --" + flag.name + (flag.is_switch ? "" : " VALUE");
     if (left.size() < 28) left.resize(28, ' ');
     out << left << " " << flag.help;
-    if (!flag.is_switch && !flag.default_value.empty())
+    // (Not when the help says it already, nor -1, which stands for "chosen for you".)
+    if (!flag.is_switch && !flag.default_value.empty() && flag.default_value != "-1" &&
+        flag.help.find("default") == std::string::npos)
       out << " (default " << flag.default_value << ")";
     out << "\n";
   }

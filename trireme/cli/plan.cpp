@@ -56,6 +56,8 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   l.tp = f.tp;
   l.pp = f.pp;
   TRIREME_CHECK(l.tp >= 1 && l.pp >= 1, "--tp and --pp must be at least 1");
+  TRIREME_CHECK(static_cast<int64_t>(l.tp) * l.pp <= world, "--tp ", l.tp, " x --pp ", l.pp,
+                " needs more devices than the cluster's ", world, "; choose sizes whose product divides ", world);
   l.dp = f.dp > 0 ? f.dp : world / (l.tp * l.pp);
   TRIREME_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ", l.pp,
                 " does not make the cluster's ", world, " devices; choose sizes whose product is ", world);
@@ -235,8 +237,11 @@ int plan_main(const std::vector<std::string>& args) {
   // Trial runs pick among more families than are shown (see choose_by_trials).
   options.runners_up = std::max(f.runners_up, f.trials.candidates > 0 ? 8 * f.trials.candidates : 0);
   options.cost = cost_options_for(profile);
+  TRIREME_CHECK(f.overlap == -1 || (f.overlap >= 0 && f.overlap <= 1), "--overlap must be in [0, 1] (the share of "
+                "communication hidden behind compute), got ", f.overlap);
   if (f.overlap >= 0) options.cost.overlap = f.overlap;
-  TRIREME_CHECK(options.cost.overlap <= 1, "--overlap must be in [0, 1]");
+  // (Before anything is printed: a refused layout is one line.)
+  const plan::Layout evaluated = f.evaluate ? layout_from_flags(f, profile, cluster) : plan::Layout{};
 
   std::printf("cluster '%s': %d devices in %zu group(s); profile: %s (%s)\n", cluster.name.c_str(),
               cluster.devices(), cluster.groups.size(), profile.source.c_str(), profile.device.c_str());
@@ -247,7 +252,7 @@ int plan_main(const std::vector<std::string>& args) {
   plan::Candidate chosen;
   MeasuredChoice measured;
   if (f.evaluate) {
-    chosen.layout = layout_from_flags(f, profile, cluster);
+    chosen.layout = evaluated;
     chosen.estimate = plan::estimate(profile, cluster, chosen.layout, options.cost);
     std::printf("layout: %s\n", plan::describe(chosen.layout).c_str());
     print_candidate(chosen, cluster);

@@ -111,6 +111,11 @@ RunLayout read_layout(const std::string& dir) {
                 ": dp, tp and pp must be >= 1, got ", layout.dp, ", ", layout.tp, ", ", layout.pp,
                 "; ", hint);
   const json& steps = fields.get("traced_steps", &json::is_array, "array");
+  // (--trace-steps 0 writes [first, first - 1]: a run that traced nothing.)
+  TRIREME_CHECK(!(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
+                  steps[0].get<int>() == steps[1].get<int>() + 1),
+                file, ": the run traced no steps (--trace-steps 0); train again with --trace-steps N (N >= 1) "
+                "to draw its schedule");
   TRIREME_CHECK(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
                     steps[0].get<int>() >= 1 && steps[0].get<int>() <= steps[1].get<int>(),
                 file, ": \"traced_steps\" must be [first, last] with 1 <= first <= last, got ",
@@ -274,6 +279,7 @@ int report_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(opt.step == 0 || (opt.step >= layout.first_step && opt.step <= layout.last_step),
                 "--step ", opt.step, " was not traced; the run traced ",
                 steps_text(layout.first_step, layout.last_step));
+  TRIREME_CHECK(layout.pp > 1 || opt.step == 0, "--step needs a pipeline run; ", opt.dir, " has pp=1");
   const int first = opt.step ? opt.step : layout.first_step;
   const int last = opt.step ? opt.step : layout.last_step;
   const std::string svg_path = (std::filesystem::path(opt.dir) / "pipeline.svg").string();
@@ -281,7 +287,6 @@ int report_main(const std::vector<std::string>& args) {
               steps_text(first, last).c_str());
 
   if (layout.pp == 1) {
-    TRIREME_CHECK(opt.step == 0, "--step needs a pipeline run; ", opt.dir, " has pp=1");
     obs::write_text_file(svg_path, obs::timeline_svg("trireme report: " + layout.command + ", " +
                                                          layout.mesh + ", " +
                                                          steps_text(first, last),

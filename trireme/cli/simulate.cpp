@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
@@ -176,7 +177,10 @@ int simulate_main(const std::vector<std::string>& args) {
     live.y.push_back(trace.points.empty() ? 0 : trace.points.back().second);
     obs::write_text_file(f.out, obs::line_chart_svg("spot replay: " + trace.name, "hours",
                                                     "useful samples (M)", series) );
-    const std::string live_out = f.out.substr(0, f.out.rfind('.')) + "-machines.svg";
+    // Beside --out, named after it: DIR/spot.svg -> DIR/spot-machines.svg.
+    const std::filesystem::path out_path(f.out);
+    const std::string live_out =
+        (out_path.parent_path() / (out_path.stem().string() + "-machines.svg")).string();
     obs::write_text_file(live_out, obs::line_chart_svg("live machines: " + trace.name, "hours", "machines", {live}));
     std::printf("wrote %s and %s\n", f.out.c_str(), live_out.c_str());
   }

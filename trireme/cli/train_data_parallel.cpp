@@ -56,8 +56,8 @@ class DataParallelEngine final : public TrainEngine {
       times->forward_us += f2 - f0;  // both with any emulated slowdown
       times->backward_us += b1 - f2;
       if (trace.timeline) {
-        trace.timeline->add({"forward", "compute", obs::Lane::kCompute, trace.clock->wall(f0), f2 - f0, ""});
-        trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f2), b1 - f2, ""});
+        trace.timeline->add({"forward", "compute", obs::Lane::kCompute, trace.clock->wall(f0), f2 - f0, "", ""});
+        trace.timeline->add({"backward", "compute", obs::Lane::kCompute, trace.clock->wall(f2), b1 - f2, "", ""});
       }
     }
     return tp_.rank == 0 ? local_loss.item<double>() : 0.0;

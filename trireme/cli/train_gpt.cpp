@@ -80,8 +80,8 @@ int train_main(const std::vector<std::string>& args) {
   const data::Corpus corpus =
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
-  check_output_dir(opt.out);
   if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
+  check_output_dir(opt.out);  // (after every refusal: a refused run leaves no directory)
 
   const launch::LaunchResult result = launch::launch(launch_options);
   if (!result.failure.empty()) std::fprintf(stderr, "trireme train: %s\n", result.failure.c_str());

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -252,10 +253,18 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     TRIREME_THROW(CheckpointCorrupt, where, ": format version ", version.dump(), ", this build reads ",
                   kCheckpointVersion);
   try {
-    c.step_ = field(m, "step", where).get<int64_t>();
-    c.layout_ = {field(m, "mesh", where).get<std::string>(), field(m, "dp", where).get<int>(),
-                 field(m, "tp", where).get<int>(), field(m, "pp", where).get<int>(),
-                 field(m, "zero", where).get<int>(), m.value("rank", -1)};
+    // Whole numbers in range, not converted from anything (1e300 is no step, 2^40 no size).
+    const auto count = [&](const char* key, int64_t max) {
+      const json& v = field(m, key, where);
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > max)
+        TRIREME_THROW(CheckpointCorrupt, where, ": field ", key, " is not a whole number in [0, ", max, "]");
+      return v.get<int64_t>();
+    };
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    c.step_ = count("step", std::numeric_limits<int64_t>::max());
+    c.layout_ = {field(m, "mesh", where).get<std::string>(), static_cast<int>(count("dp", kIntMax)),
+                 static_cast<int>(count("tp", kIntMax)), static_cast<int>(count("pp", kIntMax)),
+                 static_cast<int>(count("zero", kIntMax)), m.value("rank", -1)};
     std::map<std::string, uint64_t> needed;  // file -> bytes it must have
     for (const auto& [name, t] : field(m, "tensors", where).items()) {
       Tensor tensor;

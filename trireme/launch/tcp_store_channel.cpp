@@ -62,7 +62,7 @@ std::unique_ptr<TcpStoreChannel> TcpStoreChannel::host(int port,
   } catch (const std::exception& e) {
     const std::string text = one_line(e.what());
     TRIREME_CHECK(!mentions_address_in_use(text), "--rdzv port ", port,
-                  " is already in use on this machine; pick a free port or omit --rdzv");
+                  " is already in use on this machine; pick a free port");
     TRIREME_THROW(CommError, "cannot start the rendezvous store on port ", port, ": ", text);
   }
   return std::unique_ptr<TcpStoreChannel>(new TcpStoreChannel(std::move(impl)));

@@ -2,8 +2,11 @@
 #include "trireme/obs/plot.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -78,10 +81,21 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  TRIREME_CHECK(out.good(), "cannot write ", path, "; choose a writable --out directory");
-  out << text;
-  TRIREME_CHECK(out.good(), "failed writing ", path);
+  // Written beside it and renamed over it: a crash leaves the old file or the new one,
+  // never half of one that a later command trips over.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary);
+    TRIREME_CHECK(out.good(), "cannot write ", path, " (", std::strerror(errno),
+                  "); choose a directory you can write to");
+    out << text;
+    out.close();
+    TRIREME_CHECK(!out.fail(), "failed writing ", path, " (", std::strerror(errno), ")");
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) std::filesystem::remove(temporary, ec);
+  TRIREME_CHECK(!ec, "cannot replace ", path, " (", ec.message(), ")");
 }
 
 }  // namespace trireme::obs

@@ -21,7 +21,7 @@
 //
 // timeline.tsv (serialize_ranks/parse_ranks): a header naming the format and the number
 // of ranks, then each rank's block (possibly empty) after a `# rank N` line, in rank order:
-//   # trireme timeline v1: 2 ranks
+//   # trireme timeline v1 ranks=2
 //   # rank 0
 //   <rank 0's events, one per line>
 //   # rank 1
