@@ -227,11 +227,30 @@ TEST(PlanCostModel, ZeroShardsOptimizerStateAndGradients) {
   alone.ranks.resize(1);
   EXPECT_THROW(estimate(p, local_cluster(1), alone), InvalidArgument);
   EXPECT_DOUBLE_EQ(one.optimizer_bytes, none.optimizer_bytes / 2);
-  // Gradients and DataParallel's bucket buffers (a second copy) under ZeRO 0 and 1; ZeRO-2
-  // keeps half the gradients and no buffers.
+  // Gradients and DataParallel's bucket buffers (a second copy) under ZeRO 0 and 1; at its
+  // peak ZeRO-2 holds one whole copy (its packed reduce-scatter buffers, until the end of
+  // backward) besides its half of the shards.
   EXPECT_DOUBLE_EQ(none.grad_bytes, 2 * 4.0 * 4000);
   EXPECT_DOUBLE_EQ(one.grad_bytes, none.grad_bytes);
-  EXPECT_DOUBLE_EQ(two.grad_bytes, none.grad_bytes / 4);
+  EXPECT_DOUBLE_EQ(two.grad_bytes, 1.5 * 4.0 * 4000);
+}
+
+// Without sequence parallelism a block's LayerNorm inputs and residual stream stay whole on
+// every tensor-parallel rank: (10 + 24/t)/34 of its activations, not 1/t; the embeddings'
+// output stays whole, the head's logits split.
+TEST(PlanCostModel, TensorParallelActivationsKeepTheReplicatedPart) {
+  Profile p = uniform_profile(2);  // 100 bytes of activations per layer at b=1
+  const Cluster c = local_cluster(2);
+  Layout l;
+  l.tp = 2;
+  l.split = {{0, 4}};
+  l.ranks = {{0, 0, 0}, {0, 0, 1}};
+  const double expected = 100 + 2 * 100 * (10 + 24.0 / 2) / 34 + 100 / 2.0;
+  EXPECT_NEAR(estimate(p, c, l).stages[0].activation_bytes, expected, 1e-9);
+  // Measured at tp=2: taken as it is.
+  for (LayerProfile& layer : p.layers)
+    layer.tensor_parallel = {{2, {{1, 1.0, 1.0, 1.0, 70, 10}, {2, 2.0, 2.0, 2.0, 140, 20}}}};
+  EXPECT_NEAR(estimate(p, c, l).stages[0].activation_bytes, 4 * 70.0, 1e-9);
 }
 
 TEST(PlanSearch, BalanceForSpeedsGivesTheSlowPartFewerLayers) {

@@ -128,4 +128,13 @@ TEST(RedundancyPlan, RefusesTooFewMachinesAndBadSpecs) {
   EXPECT_EQ(RedundancyPlan::parse("1+0"), (std::pair<int, int>{1, 0}));
   for (const char* bad : {"2", "2+", "+1", "2+1x", "0+1", "a+b", "2+-1"})
     EXPECT_THROW(RedundancyPlan::parse(bad), trireme::InvalidArgument) << bad;
+  // A group is one code word of at most 255 machines: 300 machines at 120+1 make two
+  // groups of 150, and 200+1 cannot be placed at all (before, a group of 300 was planned
+  // and every round failed in the code).
+  const RedundancyPlan wide = RedundancyPlan::make(300, 2, 1);
+  for (const auto& g : wide.groups) EXPECT_LE(g.machines.size(), 255u);
+  EXPECT_EQ(wide.groups.size(), 100u);  // (groups of 3: machines / (k + m))
+  EXPECT_EQ(RedundancyPlan::make(300, 120, 1).groups.size(), 2u);
+  EXPECT_THROW(RedundancyPlan::make(300, 200, 1), trireme::InvalidArgument);
+  EXPECT_THROW(RedundancyPlan::make(600, 255, 1), trireme::InvalidArgument);
 }

@@ -8,6 +8,25 @@
 #include "trireme/common/error.h"
 
 namespace trireme::ft {
+namespace {
+
+// ISA-L takes a block's length as an int: longer blocks (2 GiB and up: a machine's coded
+// share of a large sharded model) go through in runs of kRun bytes, every pointer moved on
+// by the run each time. (Cast whole, the length wrapped: no parity, and no error.)
+constexpr size_t kRun = size_t{1} << 30;
+
+void encode_in_runs(size_t bytes, int k, int rows, unsigned char* tables, const std::vector<unsigned char*>& in,
+                    const std::vector<unsigned char*>& out) {
+  std::vector<unsigned char*> from(in), to(out);
+  for (size_t at = 0; at < bytes; at += kRun) {
+    const size_t n = std::min(kRun, bytes - at);
+    for (size_t i = 0; i < in.size(); ++i) from[i] = in[i] + at;
+    for (size_t i = 0; i < out.size(); ++i) to[i] = out[i] + at;
+    ec_encode_data(static_cast<int>(n), k, rows, tables, from.data(), to.data());
+  }
+}
+
+}  // namespace
 
 ErasureCode::ErasureCode(int k, int m) : k_(k), m_(m) {
   TRIREME_CHECK(k >= 1 && m >= 0 && k + m <= 255, "erasure code ", k, "+", m,
@@ -26,7 +45,7 @@ void ErasureCode::encode(const std::vector<const uint8_t*>& data, const std::vec
   std::vector<unsigned char*> in(data.size());
   for (size_t i = 0; i < data.size(); ++i) in[i] = const_cast<unsigned char*>(data[i]);  // ISA-L only reads them
   std::vector<unsigned char*> out(parity.begin(), parity.end());
-  ec_encode_data(static_cast<int>(bytes), k_, m_, const_cast<unsigned char*>(tables_.data()), in.data(), out.data());
+  encode_in_runs(bytes, k_, m_, const_cast<unsigned char*>(tables_.data()), in, out);
 }
 
 void ErasureCode::encode_one(const std::vector<const uint8_t*>& data, int index, uint8_t* parity,
@@ -38,7 +57,7 @@ void ErasureCode::encode_one(const std::vector<const uint8_t*>& data, int index,
   for (size_t i = 0; i < data.size(); ++i) in[i] = const_cast<unsigned char*>(data[i]);  // ISA-L only reads them
   // The expanded tables hold one 32 x k run per parity row, in order.
   auto* row = const_cast<unsigned char*>(tables_.data()) + static_cast<size_t>(32 * k_ * index);
-  ec_encode_data(static_cast<int>(bytes), k_, 1, row, in.data(), &parity);
+  encode_in_runs(bytes, k_, 1, row, in, {parity});
 }
 
 void ErasureCode::reconstruct(const std::vector<uint8_t*>& blocks, const std::vector<int>& lost, size_t bytes) const {
@@ -80,7 +99,7 @@ void ErasureCode::reconstruct(const std::vector<uint8_t*>& blocks, const std::ve
   ec_init_tables(k_, nlost, decode.data(), tables.data());
   std::vector<unsigned char*> inputs;
   for (int s : survivors) inputs.push_back(blocks[static_cast<size_t>(s)]);
-  ec_encode_data(static_cast<int>(bytes), k_, nlost, tables.data(), inputs.data(), outputs.data());
+  encode_in_runs(bytes, k_, nlost, tables.data(), inputs, outputs);
 }
 
 Stripe Stripe::of(size_t total, int k) {

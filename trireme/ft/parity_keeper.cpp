@@ -291,14 +291,25 @@ dist::Group agents_group(const dist::Store& store, int rank, int size) {
 // stop_ is set meanwhile. Through the store rather than a Gloo all-reduce, so that a
 // machine that stops leaves the others waiting only until their own stop (a recv posted
 // on a pair whose peer already went away waits out the group's timeout).
+// `binding`: the others act on this machine's key once they see all of them (they go on to
+// the exchange, or commit), so a stop does not end the wait at once: it waits up to
+// kBindingGrace more for the rest (a peer starved by its workers posts as soon as the
+// restart stops them). Leaving at once, a machine could keep the older step while the
+// others committed the new one (and then the survivors disagree and fall back to disk),
+// or leave a peer's exchange waiting out the group's time-out.
+constexpr auto kBindingGrace = std::chrono::seconds(5);
+
 std::optional<int64_t> store_min(c10d::Store& store, const std::string& key, int position, int machines,
-                                 int64_t value, const std::atomic<bool>& stop) {
+                                 int64_t value, const std::atomic<bool>& stop, bool binding = false) {
   const std::string text = std::to_string(value);
   store.set(key + "/" + std::to_string(position), std::vector<uint8_t>(text.begin(), text.end()));
   std::vector<std::string> keys;
   for (int p = 0; p < machines; ++p) keys.push_back(key + "/" + std::to_string(p));
+  std::optional<std::chrono::steady_clock::time_point> give_up;
   while (!store.check(keys)) {
-    if (stop) return std::nullopt;
+    if (stop && !binding) return std::nullopt;
+    if (stop && !give_up) give_up = std::chrono::steady_clock::now() + kBindingGrace;
+    if (give_up && std::chrono::steady_clock::now() > *give_up) return std::nullopt;
     std::this_thread::sleep_for(kPoll);
   }
   int64_t least = value;
@@ -522,7 +533,8 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       // agreement, each machine's keys: the slices every machine of a redundancy group
       // holds are left out of its coding (ft/protected_blob.h).
       store->set("keys/" + std::to_string(round) + "/" + std::to_string(g.position), joined_keys(keys));
-      const auto verified = store_min(*store, "verified/" + std::to_string(round), g.position, machines, copied, stop_);
+      const auto verified =
+          store_min(*store, "verified/" + std::to_string(round), g.position, machines, copied, stop_, /*binding=*/true);
       if (!verified) return;
       copied = *verified == 1;
       tried = step;
@@ -554,7 +566,8 @@ void ParityKeeper::run(const KeeperGeneration& g) {
         held = exchange_parity(plan, g.position, blob.data(), blob.size(), group);
       }
       // 6. Commit once every machine has its parity.
-      if (!store_min(*store, "exchanged/" + std::to_string(round), g.position, machines, 1, stop_)) return;
+      if (!store_min(*store, "exchanged/" + std::to_string(round), g.position, machines, 1, stop_, /*binding=*/true))
+        return;
       const double exchange_ms = (obs::now_us() - exchange_start) / 1e3;
       // The new step's files are held by `state` before its directory is renamed into
       // place, and the older step's are let go only once no directory names them (a held

@@ -41,7 +41,11 @@ RedundancyPlan RedundancyPlan::make(int machines, int k, int m) {
   TRIREME_CHECK(k >= 1 && m >= 0, "--redundancy ", k, "+", m, ": need k >= 1 data machines and m >= 0 parity");
   TRIREME_CHECK(machines >= k + m, "--redundancy ", k, "+", m, " needs at least ", k + m, " machines, the job has ",
                 machines, "; lower it or add machines");
-  const int groups = machines / (k + m);
+  // A group is one Reed-Solomon code word: at most 255 machines (GF(2^8)).
+  TRIREME_CHECK(k + m <= 255, "--redundancy ", k, "+", m, ": a code spans at most 255 machines; lower K or M");
+  const int groups = std::max(machines / (k + m), (machines + 254) / 255);
+  TRIREME_CHECK(machines / groups >= k + m, "--redundancy ", k, "+", m, " on ", machines,
+                " machines: groups of at most 255 machines cannot each hold ", k + m, "; lower K");
   RedundancyPlan plan;
   int next = 0;
   for (int g = 0; g < groups; ++g) {

@@ -225,6 +225,25 @@ ReplayResult replay(const pipeline::ScheduleSpec& spec, const InstructionTimes& 
 
 namespace {
 
+// The bytes one rank keeps for backward of `layer` (micro-batch b) under tensor parallelism
+// of `tp`: as measured at that tp when the profile has it; otherwise, with no sequence
+// parallelism, a block keeps its LayerNorm inputs and residual stream whole on every rank,
+// (10 + 24/t)/34 of its bytes at tp 1 by Megatron's count (measured here: 65% at t=2); the
+// embeddings' output stays whole; the head's vocabulary-split logits are divided by t.
+double tp_activation_bytes(const LayerProfile& layer, double b, int tp) {
+  if (tp == 1) return layer_activation_bytes(layer, b);
+  if (const std::vector<LayerTiming>* rows = tensor_parallel_rows(layer, tp)) {
+    LayerProfile measured = layer;
+    measured.timings = *rows;
+    const double bytes = layer_activation_bytes(measured, b);
+    if (bytes > 0) return bytes;
+  }
+  const double whole = layer_activation_bytes(layer, b);
+  if (layer.name.rfind("h.", 0) == 0) return whole * (10.0 + 24.0 / tp) / 34.0;
+  if (layer.name == "embeddings") return whole;
+  return whole / tp;
+}
+
 // One replica's pipeline on its own devices at its own micro-batch size: the instruction
 // times the replay needs, the tensor-parallel collectives modelled per stage and the
 // longest boundary transfer.
@@ -294,8 +313,8 @@ ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster,
       times.backward_weight[s][c] = work_sum(Work::kBackwardWeight) * scale;
       times.backward_full[s][c] = times.backward_input[s][c] + times.backward_weight[s][c];
       double act = 0;
-      for (int l = range.begin; l < range.end; ++l) act += layer_activation_bytes(profile.layers[l], b);
-      times.activation_bytes[s][c] = act / tp;
+      for (int l = range.begin; l < range.end; ++l) act += tp_activation_bytes(profile.layers[l], b, tp);
+      times.activation_bytes[s][c] = act;
       out.tp_comm[s] += (tp_forward + tp_backward) * layout.micro_batches;
     }
   }
@@ -478,10 +497,13 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
 
     const double shard = (layout.zero > 0 && dp > 1) ? dp : 1;
     sc.param_bytes = params * profile.state.param;
-    sc.grad_bytes = params * profile.state.grad / (layout.zero == 2 && dp > 1 ? dp : 1);
-    // DataParallel's flat bucket buffers: a second gradient-sized copy unless ZeRO-2
-    // reduce-scatters into the shards.
-    if (dp > 1 && layout.zero < 2) sc.grad_bytes += params * profile.state.grad;
+    // The gradients, and DataParallel's flat bucket buffers beside them (all-reduced in
+    // place): two gradient-sized copies. ZeRO-2 hands each bucket's gradients over to its
+    // packed reduce-scatter buffer, which lives until the end of backward (and gradients
+    // accumulate whole across micro-batches), so at its peak it holds one whole copy
+    // besides its 1/dp shards; the shards alone are what it keeps between steps.
+    sc.grad_bytes = params * profile.state.grad;
+    if (dp > 1) sc.grad_bytes += params * profile.state.grad / (layout.zero == 2 ? dp : 1);
     sc.optimizer_bytes = params * profile.state.optimizer / shard;
     // Each replica's activations on its own devices (replicas of unequal batches differ).
     const double state_bytes = sc.param_bytes + sc.grad_bytes + sc.optimizer_bytes;
