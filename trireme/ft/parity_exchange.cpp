@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "trireme/common/error.h"
@@ -73,30 +74,45 @@ ParityHeld exchange_parity(const RedundancyPlan& plan, int machine, const uint8_
   if (g.m == 0 || held.block == 0) return held;
 
   Transfers transfers{agents, {}, {}};
+  // The buffers the transfers read and write. If one fails, others may still be in flight
+  // (Gloo's I/O threads write a receive as it arrives): the buffers are then leaked rather
+  // than freed under them, once, on a path that ends the round.
+  struct Buffers {
+    std::map<int, std::vector<std::vector<uint8_t>>> incoming;
+    std::vector<std::vector<uint8_t>> outgoing;
+  };
+  auto buffers = std::make_unique<Buffers>();
   // Codewords whose parity this machine keeps: receive their k data blocks.
-  std::map<int, std::vector<std::vector<uint8_t>>> incoming;
+  auto& incoming = buffers->incoming;
   std::map<int, std::vector<int>> kept_parity;  // codeword -> parity indices kept here
   for (const auto& [j, pos] : g.parity_kept_by(machine)) kept_parity[j].push_back(pos - g.k);
-  for (auto& [j, indices] : kept_parity) {
-    auto& blocks = incoming[j];
-    blocks.assign(static_cast<size_t>(g.k), std::vector<uint8_t>(held.block));
-    const std::vector<BlockRef> refs = g.codeword(j);
-    for (int p = 0; p < g.k; ++p)
-      transfers.recv(blocks[static_cast<size_t>(p)], refs[static_cast<size_t>(p)].machine, tag_of(g, j, p));
+  auto& outgoing = buffers->outgoing;
+  for (auto& [j, indices] : kept_parity) {  // (allocated before any transfer is posted)
+    incoming[j].assign(static_cast<size_t>(g.k), std::vector<uint8_t>(held.block));
   }
-  // This machine's data blocks, each cut once, to every parity keeper of its codeword.
-  std::vector<std::vector<uint8_t>> outgoing;
-  outgoing.reserve(static_cast<size_t>(g.k));
-  for (int j = 0; j < g.size(); ++j) {
-    const std::vector<BlockRef> refs = g.codeword(j);
-    for (int p = 0; p < g.k; ++p) {
-      if (refs[static_cast<size_t>(p)].machine != machine) continue;
-      outgoing.push_back(block_of(bytes, size, held.block, refs[static_cast<size_t>(p)].index));
-      for (int r = 0; r < g.m; ++r)
-        transfers.send(outgoing.back(), refs[static_cast<size_t>(g.k + r)].machine, tag_of(g, j, p));
+  outgoing.reserve(static_cast<size_t>(g.size() * g.k));
+  try {
+    for (auto& [j, indices] : kept_parity) {
+      auto& blocks = incoming[j];
+      const std::vector<BlockRef> refs = g.codeword(j);
+      for (int p = 0; p < g.k; ++p)
+        transfers.recv(blocks[static_cast<size_t>(p)], refs[static_cast<size_t>(p)].machine, tag_of(g, j, p));
     }
+    // This machine's data blocks, each cut once, to every parity keeper of its codeword.
+    for (int j = 0; j < g.size(); ++j) {
+      const std::vector<BlockRef> refs = g.codeword(j);
+      for (int p = 0; p < g.k; ++p) {
+        if (refs[static_cast<size_t>(p)].machine != machine) continue;
+        outgoing.push_back(block_of(bytes, size, held.block, refs[static_cast<size_t>(p)].index));
+        for (int r = 0; r < g.m; ++r)
+          transfers.send(outgoing.back(), refs[static_cast<size_t>(g.k + r)].machine, tag_of(g, j, p));
+      }
+    }
+    transfers.wait("parity exchange");
+  } catch (...) {
+    (void)buffers.release();  // see Buffers
+    throw;
   }
-  transfers.wait("parity exchange");
   const ErasureCode code(g.k, g.m);
   for (auto& [j, indices] : kept_parity) {
     std::vector<const uint8_t*> data;
@@ -140,33 +156,43 @@ std::map<int, std::vector<uint8_t>> rebuild_lost(const RedundancyPlan& plan, int
     }
 
   Transfers transfers{agents, {}, {}};
-  std::map<int, std::vector<std::vector<uint8_t>>> codewords;  // at the rebuilder: j -> its blocks
-  std::vector<std::vector<uint8_t>> outgoing;
+  struct Buffers {  // leaked, not freed, when a transfer fails (see exchange_parity)
+    std::map<int, std::vector<std::vector<uint8_t>>> codewords;  // at the rebuilder: j -> its blocks
+    std::vector<std::vector<uint8_t>> outgoing;
+  };
+  auto buffers = std::make_unique<Buffers>();
+  auto& codewords = buffers->codewords;
+  auto& outgoing = buffers->outgoing;
   outgoing.reserve(static_cast<size_t>(g.size() * (g.k + g.m)));
-  for (int j = 0; j < g.size(); ++j) {
-    const std::vector<BlockRef> refs = g.codeword(j);
-    const bool affected =
-        std::any_of(refs.begin(), refs.begin() + g.k, [&](const BlockRef& r) { return is_lost(r.machine); });
-    if (!affected) continue;
-    if (machine == rebuilder) codewords[j].assign(refs.size(), std::vector<uint8_t>(held.block));
-    for (size_t pos = 0; pos < refs.size(); ++pos) {
-      const BlockRef& ref = refs[pos];
-      if (is_lost(ref.machine)) continue;
-      if (ref.machine == machine) {
-        std::vector<uint8_t> mine = ref.parity ? held.parity.at({j, ref.index})
-                                               : block_of(bytes, held.sizes.at(machine), held.block, ref.index);
-        if (machine == rebuilder) {
-          codewords[j][pos] = std::move(mine);
-        } else {
-          outgoing.push_back(std::move(mine));
-          transfers.send(outgoing.back(), rank(rebuilder), tag_of(g, j, static_cast<int>(pos)));
+  try {
+    for (int j = 0; j < g.size(); ++j) {
+      const std::vector<BlockRef> refs = g.codeword(j);
+      const bool affected =
+          std::any_of(refs.begin(), refs.begin() + g.k, [&](const BlockRef& r) { return is_lost(r.machine); });
+      if (!affected) continue;
+      if (machine == rebuilder) codewords[j].assign(refs.size(), std::vector<uint8_t>(held.block));
+      for (size_t pos = 0; pos < refs.size(); ++pos) {
+        const BlockRef& ref = refs[pos];
+        if (is_lost(ref.machine)) continue;
+        if (ref.machine == machine) {
+          std::vector<uint8_t> mine = ref.parity ? held.parity.at({j, ref.index})
+                                                 : block_of(bytes, held.sizes.at(machine), held.block, ref.index);
+          if (machine == rebuilder) {
+            codewords[j][pos] = std::move(mine);
+          } else {
+            outgoing.push_back(std::move(mine));
+            transfers.send(outgoing.back(), rank(rebuilder), tag_of(g, j, static_cast<int>(pos)));
+          }
+        } else if (machine == rebuilder) {
+          transfers.recv(codewords[j][pos], rank(ref.machine), tag_of(g, j, static_cast<int>(pos)));
         }
-      } else if (machine == rebuilder) {
-        transfers.recv(codewords[j][pos], rank(ref.machine), tag_of(g, j, static_cast<int>(pos)));
       }
     }
+    transfers.wait("snapshot rebuild");
+  } catch (...) {
+    (void)buffers.release();
+    throw;
   }
-  transfers.wait("snapshot rebuild");
   if (machine != rebuilder) return rebuilt;
   const ErasureCode code(g.k, g.m);
   for (int id : lost_here) rebuilt[id].assign(static_cast<size_t>(g.k) * held.block, 0);
