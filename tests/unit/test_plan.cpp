@@ -253,6 +253,41 @@ TEST(PlanCostModel, TensorParallelActivationsKeepTheReplicatedPart) {
   EXPECT_NEAR(estimate(p, c, l).stages[0].activation_bytes, 4 * 70.0, 1e-9);
 }
 
+// Clipping all-reduces the gradient norm over the stages before any optimizer step: the
+// step is the last stage's gradients, then the slowest optimizer; a stage that finishes
+// early does not hide its optimizer in the others' tail (before, the step was the maximum
+// of each stage's own end).
+TEST(PlanCostModel, TheGradientNormIsABarrierBeforeTheOptimizer) {
+  Profile p = uniform_profile(2);
+  p.layers.front().optimizer_s = 60;  // on stage 0, which finishes its backward last
+  const Cluster c = local_cluster(2);
+  const Estimate e = estimate(p, c, pipeline_layout(c, 2, pipeline::ScheduleKind::kOneFOneB, 4, {{0, 2}, {2, 4}}));
+  const auto done = [](const StageCost& sc) { return sc.pipeline_end_s + sc.sync_exposed_s; };
+  const double gradients = std::max(done(e.stages[0]), done(e.stages[1]));
+  EXPECT_NEAR(e.stages[0].optimizer_s, 60.0, 1e-9);
+  EXPECT_NEAR(e.step_s, gradients + 60.0, 1e-9);  // (the closing all-reduces are free here)
+  EXPECT_NEAR(e.stages[1].end_s, gradients + e.stages[1].optimizer_s, 1e-9);
+  // Stage 1 ends its backward before stage 0 does in 1F1B, but waits for it.
+  EXPECT_LT(done(e.stages[1]), done(e.stages[0]));
+}
+
+// The pruning bound scales the work as the estimate does (in place and calibrated): with a
+// calibration below 1 the unscaled bound exceeded real estimates and pruned the best layout.
+TEST(PlanSearch, PruningNeverLosesTheBestWhenCalibrationIsBelowOne) {
+  Profile p = uniform_profile(6);
+  p.p2p = Link{1e-3, 1e9};
+  p.allreduce = Link{1e-3, 1e9};
+  for (double factor : {1.0, 0.5, 0.3}) {
+    p.calibration_factor = p.pipeline_calibration_factor = factor;
+    SearchOptions o;
+    o.global_batch = 8;
+    const SearchResult pruned = search(p, local_cluster(4), o);
+    o.prune_factor = 1e300;
+    const SearchResult all = search(p, local_cluster(4), o);
+    EXPECT_NEAR(pruned.best.estimate.step_s, all.best.estimate.step_s, 1e-12) << "calibration " << factor;
+  }
+}
+
 TEST(PlanSearch, BalanceForSpeedsGivesTheSlowPartFewerLayers) {
   const std::vector<double> costs(8, 1.0);
   EXPECT_EQ(balance_for_speeds(costs, {1, 1}), (std::vector<pipeline::LayerRange>{{0, 4}, {4, 8}}));

@@ -492,8 +492,8 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
       sc.optimizer_s = optimizer_s / dp +
                        0.5 * allreduce_time(profile, cluster, dp_members, params * profile.state.param, tp);
     }
-    sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s + sc.optimizer_s + closing_s;
-    e.step_s = std::max(e.step_s, sc.end_s);
+    // (set below: the gradient norm's all-reduce is a barrier before any optimizer step)
+    sc.end_s = sc.pipeline_end_s + sc.sync_exposed_s;
 
     const double shard = (layout.zero > 0 && dp > 1) ? dp : 1;
     sc.param_bytes = params * profile.state.param;
@@ -524,6 +524,16 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
     }
   }
   e.bubble_fraction = bubble / p;
+  // Clipping all-reduces the gradient norm over every stage (and shard) before any stage
+  // steps its optimizer: a stage that finishes its backward early waits for the last one
+  // there, so its optimizer does not hide in the others' tail.
+  double gradients_done = 0, slowest_optimizer = 0;
+  for (const StageCost& sc : e.stages) {
+    gradients_done = std::max(gradients_done, sc.end_s);
+    slowest_optimizer = std::max(slowest_optimizer, sc.optimizer_s);
+  }
+  for (StageCost& sc : e.stages) sc.end_s = gradients_done + closing_s + sc.optimizer_s;
+  e.step_s = gradients_done + closing_s + slowest_optimizer;
   return e;
 }
 

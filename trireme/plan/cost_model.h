@@ -105,7 +105,7 @@ struct StageCost {
   double sync_exposed_s = 0; // (2), exposed part
   double sync_total_s = 0;   // (2), all of it
   double optimizer_s = 0;    // (3), with ZeRO's all-gather
-  double end_s = 0;          // pipeline_end + exposed sync + optimizer
+  double end_s = 0;          // every stage's pipeline end + exposed sync, closing, optimizer
   int peak_live = 0;
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   double memory_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }

@@ -261,10 +261,16 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
 
   // `work`: the model's F + B + W for one micro-batch of the layout's size.
   auto consider = [&](Layout layout, const std::vector<std::string>& group_names, double work) {
-    // Lower bound: the work spread evenly over the stages at the fastest device.
+    // Lower bound: the work spread evenly over the stages at the fastest device, scaled as
+    // estimate() scales the layer times (in place and calibrated, factors that can be
+    // below 1; unscaled, the bound could prune the best layout).
     double fastest = 0;
     for (const DeviceSlot& d : layout.ranks) fastest = std::max(fastest, cluster.groups[d.group].speed(profile));
-    const double bound = work * layout.micro_batches / (layout.pp * layout.tp * fastest);
+    double scale = 1e300;
+    for (int r = 0; r < layout.dp; ++r)
+      scale = std::min(scale, in_place_factor(profile, layout.micro_batch_size_of(r)));
+    scale *= training_factor(profile, layout.pp > 1);
+    const double bound = scale * work * layout.micro_batches / (layout.pp * layout.tp * fastest);
     if (bound > o.prune_factor * best_step) {
       ++result.pruned;
       return;
