@@ -183,6 +183,17 @@ class PlanTest(unittest.TestCase):
         svg = os.path.join(self.dir, "out.d", "spot")  # the second picture goes beside it, named after it
         out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--hours", "6", "--out", svg]).stdout
         self.assertTrue(os.path.exists(os.path.join(self.dir, "out.d", "spot-machines.svg")), out)
+        # Bad replay flags: one line naming the flag, before anything is printed.
+        for flags, message in ((["--checkpoint-every-s", "0"], "--checkpoint-every-s must be positive"),
+                               (["--checkpoint-every-s", "1e-9"], "is shorter than one step of the plan"),
+                               (["--snapshot-overhead", "1"], "--snapshot-overhead must be a fraction in [0, 1)"),
+                               (["--detect-s", "-1"], "--detect-s, --restart-s and --replan-s must be >= 0")):
+            proc = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--hours", "1", *flags],
+                       check=False, timeout=60)
+            lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertIn(message, lines[-1])
+            self.assertFalse(any(l.startswith(("trace:", "plan:")) for l in lines), lines)
         rows = {line.split()[0]: line.split() for line in out.splitlines()
                 if line.split() and line.split()[0] in ("disk-restart", "memory", "memory-replan")}
         self.assertEqual(set(rows), {"disk-restart", "memory", "memory-replan"}, out)

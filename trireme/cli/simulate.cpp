@@ -96,6 +96,14 @@ int simulate_main(const std::vector<std::string>& args) {
                 "--plan and --cluster are required (and the plan's --profile or --analytic source)");
   TRIREME_CHECK(f.storage_gbps > 0 && f.hours > 0 && f.replacement_s > 0,
                 "--storage-gbps, --hours and --replacement-s must be positive");
+  // The replay's own checks name its fields; these name the flags, before anything runs.
+  TRIREME_CHECK(r.checkpoint_every_s > 0, "--checkpoint-every-s must be positive (seconds of training between "
+                "disk checkpoints), got ", r.checkpoint_every_s);
+  TRIREME_CHECK(r.detect_s >= 0 && r.restart_s >= 0 && r.replan_s >= 0,
+                "--detect-s, --restart-s and --replan-s must be >= 0 (seconds)");
+  TRIREME_CHECK(r.parity_nodes >= 0, "--parity-nodes must be >= 0 (m of --redundancy K+M), got ", r.parity_nodes);
+  TRIREME_CHECK(r.snapshot_overhead >= 0 && r.snapshot_overhead < 1,
+                "--snapshot-overhead must be a fraction in [0, 1), got ", r.snapshot_overhead);
   const plan::Profile profile = load_profile(f.source);
   const plan::Cluster cluster = plan::read_cluster(f.cluster);
   const plan::Plan p = plan::read_plan(f.plan);
@@ -134,6 +142,8 @@ int simulate_main(const std::vector<std::string>& args) {
   while (r.min_nodes <= max_machines && r.fixed_samples_per_s[r.min_nodes] == 0) ++r.min_nodes;
   r.price_per_node_hour = g.price_per_hour;
   r.step_s = p.predicted_step_s > 0 ? p.predicted_step_s : 1;
+  TRIREME_CHECK(r.checkpoint_every_s >= r.step_s, "--checkpoint-every-s ", r.checkpoint_every_s,
+                " is shorter than one step of the plan (", r.step_s, " s); give at least one step");
   // The state to load: every device's parameters and optimizer state (mixed precision or
   // fp32, as the profile says), read from shared storage or rebuilt from peers' memory.
   double state_bytes = 0;
