@@ -10,6 +10,7 @@
 #include <csignal>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -570,4 +571,37 @@ TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
   EXPECT_NE(result.failure.find("waiting for the running job to take node 1"), std::string::npos) << result.failure;
   EXPECT_EQ(channel.try_get(keys::kPending), "1");  // it did ask
   EXPECT_EQ(channel.try_get(keys::pending(1)), "");  // and withdrew
+}
+
+// A worker that exits and leaves a child behind in its process group (here a shell's
+// background job): the restart stops the child too, as it stops the running workers
+// (before, only running workers' groups were signalled, and the child lived on into the
+// next generation, holding whatever it held).
+TEST(LaunchAgent, ARestartStopsWhatAnExitedWorkerLeftBehind) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const std::string pidfile = "/tmp/trireme-test-agent-orphan-" + std::to_string(::getpid());
+  ::unlink(pidfile.c_str());
+  LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60 & echo $! > " + pidfile +
+                                      "; exit 3; fi; exit 0");
+  o.max_restarts = 1;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  std::ifstream in(pidfile);
+  pid_t orphan = -1;
+  ASSERT_TRUE(in >> orphan) << "the worker wrote no pid";
+  ::unlink(pidfile.c_str());
+  // Gone, or a zombie waiting for init: not running (a signal takes effect when the
+  // process next runs, so this waits a little for it).
+  const auto running = [&](std::string* line) {
+    std::ifstream stat("/proc/" + std::to_string(orphan) + "/stat");
+    if (!std::getline(stat, *line)) return false;
+    const char state = (*line)[line->rfind(')') + 2];
+    return state != 'Z' && state != 'X';
+  };
+  std::string line;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (running(&line) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(running(&line)) << "the exited worker's child is still running: " << line;
+  if (running(&line)) ::kill(orphan, SIGKILL);  // (not left behind by the test)
 }

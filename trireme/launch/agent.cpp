@@ -1071,16 +1071,28 @@ void Agent::remove_old_rank_dirs() {
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
 // or at once when a second SIGINT/SIGTERM arrives.
+// A worker that already exited may have left children in its process group (a shell's
+// background job, a launcher's child): they get the same signals through the group alone
+// (never its pid, which may be another process's by now; nor a group a standby leads).
 void Agent::stop_workers(double grace_s) {
   stopping_ = true;
-  for (auto& w : workers_)
-    if (w.running) signal_process_group(w.pid, SIGTERM);
+  const auto signal_all = [&](int signal) {
+    for (auto& w : workers_) {
+      if (w.running) {
+        signal_process_group(w.pid, signal);
+        continue;
+      }
+      const bool reused = std::any_of(standby_.begin(), standby_.end(),
+                                      [&](const Worker& s) { return s.running && s.pid == w.pid; });
+      if (w.pid > 0 && !reused) ::kill(-w.pid, signal);
+    }
+  };
+  signal_all(SIGTERM);
   const int signals_before = signal_count_;
   const auto grace_end = Clock::now() + seconds(grace_s);
   while (any_running() && Clock::now() < grace_end && signal_count_ == signals_before)
     pump(grace_end - Clock::now());
-  for (auto& w : workers_)
-    if (w.running) signal_process_group(w.pid, SIGKILL);
+  signal_all(SIGKILL);
   const auto kill_end = Clock::now() + kKillReapLimit;
   while (any_running() && Clock::now() < kill_end) pump(kill_end - Clock::now());
 }
