@@ -184,8 +184,7 @@ std::vector<int64_t> checkpoint_steps(const std::string& root) {
     const std::string name = entry.path().filename().string();
     int64_t step = 0;
     const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), step);
-    if (!entry.is_directory(ec) || name.empty() || error != std::errc() || end != name.data() + name.size() ||
-        step < 0)
+    if (!entry.is_directory(ec) || error != std::errc() || end != name.data() + name.size() || step < 0)
       continue;  // not a step's directory (or a number too large to be one)
     steps.push_back(step);
   }

@@ -202,6 +202,8 @@ class Agent {
   void remove_old_rank_dirs();
   void beat();
   bool stale(int node, Clock::time_point now);
+  // Node `node`'s incarnation (keys::left): how often it was dropped from the job so far.
+  int64_t incarnation(int node) { return channel_.add(keys::lost(node), 0); }
   void publish_failure(const std::string& what);
   LaunchResult signalled_while_restarting();
   void mark_done();
@@ -362,10 +364,9 @@ void Agent::await_leavers_flush() {
   for (int id : members_) {
     if (id == options_.node_rank) continue;
     try {
-      const int64_t incarnation = channel_.add(keys::lost(id), 0);
-      if (!channel_.try_get(keys::left(id, incarnation))) continue;
-      while (!channel_.try_get(keys::flushed(id, incarnation)) && !stale(id, Clock::now()) &&
-             Clock::now() < deadline)
+      const int64_t its = incarnation(id);
+      if (!channel_.try_get(keys::left(id, its))) continue;
+      while (!channel_.try_get(keys::flushed(id, its)) && !stale(id, Clock::now()) && Clock::now() < deadline)
         pump(kMembershipPoll);
     } catch (const Error&) {
       return;  // the store is gone: nothing to wait for
@@ -469,7 +470,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
       const bool joiner = !contains(members_, id);
       if (!joiner && channel_.try_get(keys::restart_in(generation, id))) {
         states[id] = NodeState::kCheckedIn;
-      } else if (!joiner && channel_.try_get(keys::left(id, channel_.add(keys::lost(id), 0)))) {
+      } else if (!joiner && channel_.try_get(keys::left(id, incarnation(id)))) {
         states[id] = NodeState::kLeft;
       } else if (stale(id, Clock::now())) {
         states[id] = NodeState::kLost;
@@ -576,10 +577,10 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
 LaunchResult Agent::leave(const Event& event) {
   write_all(io_.stderr_fd, "trireme run: " + node() + " received " + signal_name(event.signal) +
                                " (preemption notice): stopping its workers and leaving the job\n");
-  int64_t incarnation = 0;
+  int64_t its = 0;
   try {
-    incarnation = channel_.add(keys::lost(options_.node_rank), 0);
-    channel_.set(keys::left(options_.node_rank, incarnation), "1");
+    its = incarnation(options_.node_rank);
+    channel_.set(keys::left(options_.node_rank, its), "1");
   } catch (const Error&) {
     // The store is gone: the others notice that by themselves.
   }
@@ -596,7 +597,7 @@ LaunchResult Agent::leave(const Event& event) {
     while_pumping([&] { keeper_->stop(); });
   }
   try {
-    channel_.set(keys::flushed(options_.node_rank, incarnation), "1");
+    channel_.set(keys::flushed(options_.node_rank, its), "1");
   } catch (const Error&) {
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
@@ -633,7 +634,7 @@ std::optional<LaunchResult> Agent::join() {
   // A --node-rank is taken once per time that node was dropped from the job: a replacement
   // for a lost (or preempted) machine joins under its id.
   const std::string node_key = "trireme/agents/node" + std::to_string(options_.node_rank);
-  if (channel_.add(node_key, 1) > channel_.add(keys::lost(options_.node_rank), 0) + 1)
+  if (channel_.add(node_key, 1) > incarnation(options_.node_rank) + 1)
     return LaunchResult{1, "another agent already joined the rendezvous at " + rdzv() +
                                " as --node-rank " + std::to_string(options_.node_rank) +
                                "; give every node its own --node-rank (a replacement may take a lost node's "
@@ -854,7 +855,7 @@ std::optional<Event> Agent::watch_nodes() {
   const auto now = Clock::now();
   for (int id : members_) {
     if (id == options_.node_rank) continue;
-    if (channel_.try_get(keys::left(id, channel_.add(keys::lost(id), 0))))
+    if (channel_.try_get(keys::left(id, incarnation(id))))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
     if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
   }

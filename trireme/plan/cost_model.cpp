@@ -233,9 +233,7 @@ namespace {
 double tp_activation_bytes(const LayerProfile& layer, double b, int tp) {
   if (tp == 1) return layer_activation_bytes(layer, b);
   if (const std::vector<LayerTiming>* rows = tensor_parallel_rows(layer, tp)) {
-    LayerProfile measured = layer;
-    measured.timings = *rows;
-    const double bytes = layer_activation_bytes(measured, b);
+    const double bytes = rows_activation_bytes(*rows, b);
     if (bytes > 0) return bytes;
   }
   const double whole = layer_activation_bytes(layer, b);

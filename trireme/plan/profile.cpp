@@ -107,9 +107,11 @@ const std::vector<LayerTiming>* tensor_parallel_rows(const LayerProfile& layer, 
 }
 
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch) {
-  return interpolate(layer.timings, micro_batch, [](const LayerTiming& row) {
-    return static_cast<double>(row.activation_bytes);
-  });
+  return rows_activation_bytes(layer.timings, micro_batch);
+}
+
+double rows_activation_bytes(const std::vector<LayerTiming>& rows, double micro_batch) {
+  return interpolate(rows, micro_batch, [](const LayerTiming& row) { return static_cast<double>(row.activation_bytes); });
 }
 
 double layer_output_bytes(const LayerProfile& layer, double micro_batch) {

@@ -164,6 +164,7 @@ inline double training_factor(const Profile& profile, bool pipeline) {
 }
 // Activation (or output) bytes for micro-batch b, interpolated like the times.
 double layer_activation_bytes(const LayerProfile& layer, double micro_batch);
+double rows_activation_bytes(const std::vector<LayerTiming>& rows, double micro_batch);
 double layer_output_bytes(const LayerProfile& layer, double micro_batch);
 
 // JSON (see docs/design-notes.md "Planner"). parse_profile throws InvalidArgument naming
