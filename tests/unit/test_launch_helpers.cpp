@@ -2,8 +2,11 @@
 // environment, option validation, executable lookup.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
 
 #include "trireme/common/error.h"
@@ -153,4 +156,19 @@ TEST(LaunchProcess, FindsExecutablesOnAPath) {
   EXPECT_EQ(find_executable("/bin/sh", ""), "/bin/sh");
   EXPECT_EQ(find_executable("no-such-program-xyz", "/bin:/usr/bin"), "");
   EXPECT_EQ(find_executable("/etc/passwd", ""), "");  // not executable
+}
+
+// A child that does not end is given up on after the limit instead of blocking the
+// caller (end_standby after SIGKILL); one that ends is reaped, leaving no zombie.
+TEST(LaunchProcess, ReapWithinGivesUpOnAChildThatDoesNotEnd) {
+  const SpawnedProcess p = spawn_process("/bin/sh", {"/bin/sh", "-c", "exec sleep 60"}, {});
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+  EXPECT_FALSE(reap_within(p.pid, std::chrono::milliseconds(100)));
+  signal_process_group(p.pid, SIGKILL);
+  EXPECT_TRUE(reap_within(p.pid, std::chrono::milliseconds(10000)));
+  errno = 0;
+  EXPECT_EQ(::waitpid(p.pid, nullptr, WNOHANG), -1);  // already reaped: no longer our child
+  EXPECT_EQ(errno, ECHILD);
+  EXPECT_TRUE(reap_within(p.pid, std::chrono::milliseconds(0)));  // idempotent
 }

@@ -809,8 +809,10 @@ void Agent::end_standby() {
     if (w.go_fd >= 0) ::close(w.go_fd);
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
-      while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
+      if (!reap_within(w.pid, kKillReapLimit))
+        write_all(io_.stderr_fd, "trireme run: " + node() + ": standby worker " + std::to_string(w.pid) +
+                                     " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
+                                     " s of SIGKILL (stuck in the kernel?); left behind\n");
     }
     for (int s = 0; s < 2; ++s)
       if (w.fds[s] >= 0) ::close(w.fds[s]);

@@ -2,9 +2,11 @@
 #include "trireme/launch/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -156,6 +158,31 @@ SpawnedProcess spawn_process(const std::string& executable,
 
 void signal_process_group(pid_t pid, int signal) {
   if (pid > 0 && ::kill(-pid, signal) != 0) ::kill(pid, signal);
+}
+
+bool reap_within(pid_t pid, std::chrono::milliseconds limit) {
+  auto reaped = [pid] {
+    pid_t r;
+    do {
+      r = ::waitpid(pid, nullptr, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    return r == pid || (r < 0 && errno == ECHILD);  // ECHILD: someone reaped it already
+  };
+  if (reaped()) return true;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return reaped();  // ESRCH: gone between the two calls
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  bool ended = false;
+  while (!ended) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() < 0) break;
+    pollfd p{pidfd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno != EINTR) break;
+    ended = n > 0;
+  }
+  ::close(pidfd);
+  return ended ? reaped() : false;
 }
 
 struct SignalPipe::Saved {

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ SpawnedProcess spawn_process(const std::string& executable,
 
 // Sends signal to the process group of a spawned process (ignores ones already gone).
 void signal_process_group(pid_t pid, int signal);
+
+// Waits at most `limit` for child `pid` to end and reaps it; true when it was reaped.
+// A child stuck in the kernel (uninterruptible sleep) outlives even SIGKILL: the caller
+// then leaves it behind instead of blocking for ever. Waits on a pidfd, no polling.
+bool reap_within(pid_t pid, std::chrono::milliseconds limit);
 
 // SignalPipe turns SIGINT, SIGTERM and SIGCHLD into bytes (the signal number) on a pipe
 // that the agent polls together with the worker pipes (the self-pipe trick), and ignores
