@@ -63,4 +63,6 @@ TEST(Mesh, RejectsBadInput) {
   const Mesh mesh = Mesh::from_sizes(2, 1, 1);
   EXPECT_THROW(mesh.coords(2), trireme::InvalidArgument);
   EXPECT_THROW(mesh.size("ep"), trireme::InvalidArgument);
+  // A product past int's range is refused, not wrapped (65536^2 wrapped to 0).
+  EXPECT_THROW(Mesh({{"a", 65536}, {"b", 65536}}), trireme::InvalidArgument);
 }

@@ -84,3 +84,27 @@ TEST(WorldEnv, RejectsInconsistentOrMissing) {
   EXPECT_THROW(world_info_from_env(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}})),
                trireme::InvalidArgument);
 }
+
+// The message of the InvalidArgument that reading `vars` throws ("" if none).
+static std::string env_error(std::map<std::string, std::string> vars) {
+  try {
+    world_info_from_env(env(std::move(vars)));
+  } catch (const trireme::InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(WorldEnv, HalfOfTorchrunsPairIsAMistakeNotASingleProcess) {
+  EXPECT_NE(env_error({{"RANK", "3"}, {"MASTER_PORT", "29500"}}).find("RANK is set but WORLD_SIZE is not; export both"),
+            std::string::npos);
+  EXPECT_NE(env_error({{"WORLD_SIZE", "4"}}).find("WORLD_SIZE is set but RANK is not"), std::string::npos);
+}
+
+TEST(WorldEnv, PortZeroOrWorldSizeZeroAreRefusedWithTheVariable) {
+  EXPECT_NE(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}).find("MASTER_PORT=0 with 2 ranks"),
+            std::string::npos);
+  EXPECT_EQ(env_error({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "0"}}), "");  // alone: no store needed
+  EXPECT_NE(env_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}, {"MASTER_PORT", "1"}}).find("WORLD_SIZE"),
+            std::string::npos);
+}

@@ -32,6 +32,9 @@ struct GroupOptions {
   BackendKind backend = BackendKind::kGloo;
   // Every collective and point-to-point operation fails with CommError after this long
   // instead of hanging: 5 minutes leaves room for slow first steps on small machines.
+  // On NCCL (without TORCH_NCCL_BLOCKING_WAIT=1, which would make every wait hold the
+  // CPU until the GPU is done) NCCL's watchdog instead ends the process on a failure or
+  // time-out: a worker failure to the agent, which restarts the job as for any other.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
@@ -41,6 +44,13 @@ Group create_group(const Store& store, int rank, int size, const GroupOptions& o
 
 // Per-backend factories (dist/<backend>/backend.cpp).
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options);
+// The address a Gloo group binds unless TRIREME_GLOO_IFACE names an interface: loopback
+// when MASTER_ADDR is (one machine); else this host's address on the route to MASTER_ADDR
+// (not the host name, which Debian maps to 127.0.1.1); and when that route is loopback
+// while the job spans machines (WORLD_SIZE > LOCAL_WORLD_SIZE: MASTER_ADDR names this very
+// host), the first IPv4 address of an interface that is up. "" when none is found (Gloo's
+// default then). Throws InvalidArgument when a job across machines has no such address.
+std::string gloo_bind_address();
 Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
 
 // The message of an exception fit for one line: c10 errors without their C++ backtrace.

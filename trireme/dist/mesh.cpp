@@ -2,6 +2,8 @@
 #include "trireme/dist/mesh.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include "trireme/common/error.h"
@@ -18,6 +20,9 @@ Mesh::Mesh(std::vector<Axis> axes) : axes_(std::move(axes)) {
       TRIREME_CHECK(axes_[j].name != axes_[i].name, "mesh axis ", axes_[i].name,
                     " appears twice");
     strides_.push_back(world_size_);
+    TRIREME_CHECK(int64_t{world_size_} * axes_[i].size <= std::numeric_limits<int>::max(), "a mesh of ",
+                  int64_t{world_size_} * axes_[i].size, "+ ranks (axis ", axes_[i].name,
+                  " of size ", axes_[i].size, ") is more than this build counts; choose smaller sizes");
     world_size_ *= axes_[i].size;
   }
 }

@@ -35,10 +35,14 @@ void read_master(const EnvLookup& lookup, WorldInfo* info, bool required) {
   info->master_port = read_int(lookup, "MASTER_PORT", 0, required && info->world_size > 1);
   TRIREME_CHECK(info->master_port <= 65535, "MASTER_PORT=", info->master_port,
                 " is not a valid port");
+  // Rank 0 would host the store on a port of its own choosing, which no other rank knows.
+  TRIREME_CHECK(info->world_size <= 1 || info->master_port >= 1, "MASTER_PORT=0 with ", info->world_size,
+                " ranks: the other ranks cannot find the store; export the port rank 0 listens on (1-65535)");
 }
 
 void check_consistent(const WorldInfo& info) {
-  TRIREME_CHECK(info.world_size >= 1, "world size must be at least 1");
+  TRIREME_CHECK(info.world_size >= 1, "world size must be at least 1, got ", info.world_size, " (", info.source,
+                " environment: WORLD_SIZE, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE)");
   TRIREME_CHECK(info.rank < info.world_size, "rank ", info.rank, " is not below world size ",
                 info.world_size, " (", info.source, " environment)");
   TRIREME_CHECK(info.local_rank < info.local_world_size, "local rank ", info.local_rank,
@@ -49,6 +53,11 @@ void check_consistent(const WorldInfo& info) {
 
 WorldInfo world_info_from_env(const EnvLookup& lookup) {
   WorldInfo info;
+  // Half of torchrun's pair is a launcher's mistake, not a single process: every process
+  // would train alone as rank 0 and write the same outputs.
+  TRIREME_CHECK(!lookup("RANK") == !lookup("WORLD_SIZE"), lookup("RANK") ? "RANK" : "WORLD_SIZE",
+                " is set but ", lookup("RANK") ? "WORLD_SIZE" : "RANK",
+                " is not; export both (torchrun's variables) or start the job with 'trireme run'");
   if (lookup("RANK") && lookup("WORLD_SIZE")) {
     info.source = "torchrun";
     info.rank = read_int(lookup, "RANK", 0, true);

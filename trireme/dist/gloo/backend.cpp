@@ -4,6 +4,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -41,23 +43,54 @@ std::string local_address_toward(const std::string& peer) {
   return address;
 }
 
-// Gloo must bind an address its peers can reach. In order: the interface named by
-// TRIREME_GLOO_IFACE; loopback when the rendezvous is on loopback (one machine); the
-// address on the route to the rendezvous host (not the host name, which Debian maps to
-// 127.0.1.1, unreachable from other machines); Gloo's default as a last resort.
+// This host's first IPv4 address on an interface that is up and not loopback ("" if none).
+std::string first_external_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string address;
+  for (const ifaddrs* i = list; i != nullptr && address.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text)))
+      address = text;
+  }
+  ::freeifaddrs(list);
+  return address;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : fallback;
+}
+
 std::shared_ptr<::gloo::transport::Device> make_device() {
   const char* iface = std::getenv("TRIREME_GLOO_IFACE");
   if (iface && *iface) return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
-  const char* addr = std::getenv("MASTER_ADDR");
-  const std::string master = addr ? addr : "127.0.0.1";
-  if (master == "127.0.0.1" || master == "localhost")
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  const std::string local = local_address_toward(master);
-  if (!local.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+  const std::string address = gloo_bind_address();
+  if (!address.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(address);
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
 }  // namespace
+
+std::string gloo_bind_address() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const std::string master = addr ? addr : "127.0.0.1";
+  if (master == "127.0.0.1" || master == "localhost") return "127.0.0.1";
+  std::string local = local_address_toward(master);
+  // The rendezvous host's name can resolve to loopback on that host itself (Debian maps
+  // the host's own name to 127.0.1.1): right for a job on one machine, unreachable from
+  // the others when the job spans machines.
+  const int world = env_int("WORLD_SIZE", 1), local_world = env_int("LOCAL_WORLD_SIZE", world);
+  if (local.rfind("127.", 0) == 0 && world > local_world) {
+    local = first_external_address();
+    TRIREME_CHECK(!local.empty(), "MASTER_ADDR ", master,
+                  " leads to loopback on this machine and it has no other IPv4 interface up, but the job spans "
+                  "machines; give the rendezvous host's reachable address, or set TRIREME_GLOO_IFACE");
+  }
+  return local;
+}
 
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options) {
   auto gloo_options = c10d::ProcessGroupGloo::Options::create();
