@@ -89,6 +89,11 @@ TEST(Timeline, RanksRoundTripThroughTheTsvFormIncludingEmptyRanks) {
   EXPECT_DOUBLE_EQ(back[2][0].start_us, 1.0e15 + 0.5);  // wall-clock microseconds keep 0.5
   EXPECT_EQ(serialize_ranks(back), text);
 
+  // A file saved with CRLF line endings reads the same.
+  std::string crlf;
+  for (char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  EXPECT_EQ(serialize_ranks(parse_ranks(crlf)), text);
+
   EXPECT_TRUE(parse_ranks(serialize_ranks({})).empty());
   EXPECT_EQ(parse_ranks(serialize_ranks(RankEvents(2))).size(), 2u);
   // Separators inside a field cannot break the line structure.
@@ -162,4 +167,11 @@ TEST(Plot, LossCurveSvgHasTheSeriesAndLabels) {
   EXPECT_NE(svg.find("points=\"70,40 "), std::string::npos);
   EXPECT_NE(svg.find(" 700,370 \""), std::string::npos);
   EXPECT_NE(line_chart_svg("empty", "x", "y", {}).find("</svg>"), std::string::npos);
+}
+
+TEST(Json, XmlEscapeKeepsTheDocumentWellFormed) {
+  EXPECT_EQ(xml_escape("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
+  EXPECT_EQ(xml_escape("tab\tnl\ncr\r"), "tab\tnl\ncr\r");
+  EXPECT_EQ(xml_escape(std::string("a\x01" "b\x1f", 4)), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(xml_escape("ünï"), "ünï");
 }

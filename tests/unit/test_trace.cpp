@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "trireme/common/error.h"
@@ -154,6 +155,28 @@ TEST(TraceErrors, ABadLineNamesTheFileTheLineAndTheExpectedForm) {
   EXPECT_NE(read_error("0,2\n", "csv").find("unknown trace format `csv`; use one of: auto, events"), std::string::npos);
   EXPECT_NE(read_error("", "count").find("has no rows"), std::string::npos);
   EXPECT_THROW(read_trace("/nonexistent/trace.csv"), InvalidArgument);
+}
+
+// A replay steps through the trace's time: an infinite or absurd time would never end
+// (`trireme simulate` hung on these).
+TEST(TraceErrors, TimesThatAreNotFiniteOrBeyondTenYearsAreRefused) {
+  const auto msg = read_error("[0, \"add\", {\"nodes\": [\"a\"]}]\n[1e999, \"DONE\", {\"nodes\": []}]\n", "json-events");
+  EXPECT_NE(msg.find("beyond ten years or not finite; check the file's time unit and format"), std::string::npos) << msg;
+  EXPECT_NE(read_error("0,1\n1e300,2\n", "count").find("beyond ten years"), std::string::npos);
+  EXPECT_NE(read_error("0,1\n1e12,2\n", "step-hours").find("beyond ten years"), std::string::npos);
+  EXPECT_EQ(read_error("0,1\n3600,2\n", "step-hours"), "");  // 150 days
+}
+
+TEST(TraceSynthetic, ATraceTooLargeToHoldIsRefused) {
+  try {
+    synthetic_trace(64, 1e6, 600, 3600, 1);
+    FAIL() << "expected a refusal";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lower the preemption rate or the duration (--hours)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(synthetic_trace(8, 0.5, 600, 1e12, 1), InvalidArgument);
+  EXPECT_THROW(synthetic_trace(8, 0.5, std::numeric_limits<double>::infinity(), 3600, 1), InvalidArgument);
 }
 
 TEST(TraceSummary, CountsDropsRisesAndNodeHours) {

@@ -33,6 +33,9 @@ std::string xml_escape(const std::string& text) {
     if (c == '<') out += "&lt;";
     else if (c == '>') out += "&gt;";
     else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    // XML 1.0 allows no control characters but tab, newline and carriage return.
+    else if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') out += "\xEF\xBF\xBD";
     else out += c;
   }
   return out;

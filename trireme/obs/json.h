@@ -29,7 +29,8 @@ class JsonObject {
 };
 
 std::string json_escape(const std::string& text);
-// Escapes <, > and & for text inside SVG/XML elements.
+// Escapes <, >, & and " for SVG/XML text and attribute values, and replaces the control
+// characters XML forbids (all below 0x20 but tab, newline, CR) by U+FFFD.
 std::string xml_escape(const std::string& text);
 std::string json_number(double value);
 

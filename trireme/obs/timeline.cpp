@@ -153,6 +153,7 @@ RankEvents parse_ranks(const std::string& text) {
   size_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a file saved with CRLF endings
     if (line.empty()) continue;
     auto after = [&](const std::string& prefix) {
       return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : std::string("-");

@@ -19,6 +19,10 @@ namespace {
 
 using Samples = std::vector<std::pair<double, int>>;
 
+// Bounds of what a trace may hold: ten years of time, ten million synthetic changes.
+constexpr double kMaxTraceSeconds = 10 * 365.25 * 24 * 3600;
+constexpr double kMaxSyntheticChanges = 1e7;
+
 const char* const kFormats = "auto, events, count, gcp, asg, step-seconds, step-hours, json-events";
 
 std::string trim(const std::string& s) {
@@ -131,8 +135,15 @@ Availability make_availability(const std::string& name, const Samples& samples, 
   Availability a;
   a.name = name;
   TRIREME_CHECK(!samples.empty(), "trace ", name, " has no rows; give a file with at least one count");
+  // A replay steps through the trace: an infinite or absurd time would never end.
+  const auto check_time = [&](double t) {
+    TRIREME_CHECK(std::isfinite(t) && std::abs(t) <= kMaxTraceSeconds, "trace ", name, " has a time ", t,
+                  " s from its start, beyond ten years or not finite; check the file's time unit and format");
+  };
+  check_time(end - origin);
   for (const auto& [t_abs, n] : samples) {
     const double t = t_abs - origin;
+    check_time(t);
     if (a.points.empty() && t > 0) a.points.emplace_back(0.0, 0);
     if (!a.points.empty() && a.points.back().first == t) {
       a.points.back().second = n;
@@ -369,7 +380,14 @@ Availability synthetic_trace(int nodes, double preemptions_per_node_hour, double
   TRIREME_CHECK(nodes >= 0, "synthetic trace: nodes must be >= 0, got ", nodes);
   TRIREME_CHECK(preemptions_per_node_hour >= 0 && mean_replacement_s >= 0,
                 "synthetic trace: the preemption rate and the replacement delay must be >= 0");
-  TRIREME_CHECK(duration_s > 0, "synthetic trace: duration must be positive, got ", duration_s, " s");
+  TRIREME_CHECK(duration_s > 0 && duration_s <= kMaxTraceSeconds, "synthetic trace: duration must be positive and at most ten years, got ",
+                duration_s, " s");
+  // Each preemption is two changes; the expected count bounds the memory the trace takes.
+  const double expected_changes = 2.0 * nodes * preemptions_per_node_hour * duration_s / 3600;
+  TRIREME_CHECK(std::isfinite(mean_replacement_s) && expected_changes <= kMaxSyntheticChanges, "synthetic trace: about ",
+                expected_changes, " changes (2 x nodes ", nodes, " x ", preemptions_per_node_hour,
+                " preemptions per node-hour x ", duration_s / 3600, " hours), more than ", kMaxSyntheticChanges,
+                "; lower the preemption rate or the duration (--hours)");
   std::mt19937_64 rng(seed);
   // Exponential draw of the given mean: -mean * ln(1 - u), u uniform in [0, 1) from 53 bits.
   const auto draw = [&rng](double mean) {

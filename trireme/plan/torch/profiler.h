@@ -170,7 +170,8 @@ struct LinkMeasurement {
 std::vector<int64_t> message_sizes();
 
 // Ping-pong between ranks 0 and 1 of `group`; the other ranks only join its barriers. A
-// collective: every rank of the group calls it. The result is meaningful on ranks 0 and 1.
+// collective: every rank of the group calls it. The result is meaningful on ranks 0 and 1
+// (elsewhere the link is left at its zero default).
 LinkMeasurement measure_p2p(const dist::Group& group, const std::vector<int64_t>& sizes,
                             int repeats);
 // Sum all-reduce of fp32 tensors over `group`; a collective. Fitted against bus bytes.
