@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
+#include <cmath>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -63,8 +65,10 @@ DataParallelOptions small_buckets() {
 
 double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = (a[i] - b[i]).abs().max().item<double>();
+    worst = std::isnan(d) ? d : std::max(worst, d);  // a NaN stays (std::max would drop it)
+  }
   return worst;
 }
 

@@ -11,6 +11,7 @@
 #include "trireme/data/batch.h"
 #include "trireme/data/corpus.h"
 #include "trireme/data/sampler.h"
+#include "trireme/dist/backend.h"
 #include "trireme/models/gpt.h"
 
 using trireme::InvalidArgument;
@@ -157,6 +158,35 @@ TEST(GptTest, GenerateIsDeterministicForASeed) {
   EXPECT_EQ(model->generate("", 3, 0.0, 0).size(), 3u);
   EXPECT_EQ(model->generate("x", 0, 1.0, 0), "");
   EXPECT_THROW(model->generate("x", 1, -1.0, 0), InvalidArgument);
+}
+
+// The end-of-training sample on a GPU: the context goes to the model's device, and the
+// sampling (a CPU generator) to the CPU. (Not compared with the CPU's: at initialisation
+// the logits are close enough for rounding to change an argmax.)
+TEST(GptTest, GenerateRunsWhereTheModelIs) {
+  try {
+    trireme::dist::require_cuda_devices(1);
+  } catch (const trireme::Error&) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  Gpt gpu(tiny(), 6);
+  gpu->to(at::Device(at::kCUDA, 0));
+  EXPECT_EQ(gpu->generate("In the", 8, 0.0, 1).size(), 8u);
+  EXPECT_EQ(gpu->generate("In the", 8, 0.8, 1), gpu->generate("In the", 8, 0.8, 1));
+}
+
+TEST(GptTest, TokenIdsOutsideTheVocabularyAreRefused) {
+  Gpt model(tiny(), 6);
+  const int64_t V = tiny().vocab, T = tiny().seq_len;
+  const at::Tensor good = at::zeros({1, T}, at::kLong);
+  at::Tensor bad = good.clone();
+  bad[0][1] = V;
+  EXPECT_THROW(model->loss(bad, good), InvalidArgument);
+  EXPECT_THROW(model->loss(good, bad), InvalidArgument);
+  EXPECT_THROW(model->loss(good - 1, good), InvalidArgument);
+  auto layers = model->layers();
+  EXPECT_THROW(layers[0].forward(bad), InvalidArgument);
+  EXPECT_NO_THROW(model->loss(good, good));
 }
 
 TEST(GptTest, ValidateNamesTheBadFlag) {

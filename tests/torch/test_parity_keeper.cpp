@@ -111,7 +111,7 @@ class Cluster {
       machine.ranks = ranks[i];
       for (int r : ranks[i])
         machine.snapshots.push_back(std::make_unique<Snapshotter>(machine.area + "/rank-" + std::to_string(r),
-                                                                  trireme::ft::CheckpointLayout{"dp", 1, 1, 1, 0, r}));
+                                                                  trireme::ft::CheckpointLayout{"dp", 1, 1, 1, 0, r, ""}));
       std::function<void(const std::string&)> hook;
       if (after_copy) hook = [after_copy, i](const std::string& dir) { after_copy(static_cast<int>(i), dir); };
       machine.keeper = std::make_unique<ParityKeeper>(k, m, cpu_share, hook);
@@ -382,7 +382,12 @@ TEST(ParityKeeper, RoundsAreSpacedByTheirCpuShare) {
   ASSERT_TRUE(cluster.all_protected({0, 1, 2}, 1));
   cluster.take(2);
   cluster.take(3);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rounds poll every 25 ms
+  // Each keeper has seen step 3 while its share held the round back (no timing assumed).
+  ASSERT_TRUE(wait_until([&] {
+    for (int node = 0; node < 3; ++node)
+      if (cluster[node].keeper->stats().held_back_step != 3) return false;
+    return true;
+  }));
   for (int node = 0; node < 3; ++node) {
     EXPECT_EQ(cluster[node].keeper->protected_step(), 1);
     const trireme::ft::KeeperStats stats = cluster[node].keeper->stats();

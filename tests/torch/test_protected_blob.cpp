@@ -38,7 +38,7 @@ class ProtectedBlob : public ::testing::Test {
       const at::Tensor own = at::arange(0, 300, at::kFloat).add_(rank * 1000.0);
       const at::Tensor shared = at::arange(0, 2000, at::kDouble).mul_(0.5);
       trireme::ft::Snapshotter snapshots(root_ + "/rank-" + std::to_string(rank),
-                                         trireme::ft::CheckpointLayout{"dp", 2, 1, 1, 0, rank});
+                                         trireme::ft::CheckpointLayout{"dp", 2, 1, 1, 0, rank, ""});
       snapshots.take(1, {{"own", {300}, {{0}, {300}}, own}, {"shared", {2000}, {{0}, {2000}}, shared}});
       snapshots.wait();
     }

@@ -140,3 +140,18 @@ TEST(TensorParallel, RngTrackerSplitsMasksAndLeavesTheReplicatedStreamAlone) {
   // A tracker's stream moves on: its next region draws a new mask.
   EXPECT_FALSE(at::equal(rank0.fork(mask), split0));
 }
+
+TEST(TensorParallel, RngTrackerStreamRestoresFromItsSavedState) {
+  // What a snapshot saves (split_generator's state) is all a resumed rank needs to draw
+  // the masks the uninterrupted run would have drawn next; a fresh tracker draws others.
+  trireme::tensor::RngTracker tracker(7, 1);
+  const at::Tensor ones = at::ones({4096});
+  auto mask = [&] { return at::dropout(ones, 0.5, /*train=*/true); };
+  tracker.fork(mask);
+  const at::Tensor saved = tracker.split_generator().get_state();
+  const at::Tensor next = tracker.fork(mask);
+  trireme::tensor::RngTracker resumed(7, 1);
+  EXPECT_FALSE(at::equal(resumed.fork(mask), next));
+  resumed.split_generator().set_state(saved);
+  EXPECT_TRUE(at::equal(resumed.fork(mask), next));
+}

@@ -1,6 +1,8 @@
 // BatchSampler: deterministic, resumable, independent of the number of ranks.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
 
 #include "trireme/common/error.h"
@@ -81,6 +83,7 @@ TEST(SamplerTest, UnequalReplicaSlicesConcatenateToGlobalBatch) {
   EXPECT_THROW(s.slice(5, 12, 5), InvalidArgument);  // past the end
   EXPECT_THROW(s.slice(5, 0, 0), InvalidArgument);
   EXPECT_THROW(s.slice(5, -1, 2), InvalidArgument);
+  EXPECT_THROW(s.slice(5, 1, std::numeric_limits<int64_t>::max()), InvalidArgument);  // begin + count overflowed
 }
 
 TEST(SamplerTest, ResumeAtAnyStepMatchesUninterruptedRun) {

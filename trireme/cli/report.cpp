@@ -114,8 +114,8 @@ RunLayout read_layout(const std::string& dir) {
   // (--trace-steps 0 writes [first, first - 1]: a run that traced nothing.)
   TRIREME_CHECK(!(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
                   steps[0].get<int>() == steps[1].get<int>() + 1),
-                file, ": the run traced no steps (--trace-steps 0); train again with --trace-steps N (N >= 1) "
-                "to draw its schedule");
+                file, ": the run traced no steps (--trace-steps 0, or it resumed after the traced ones); train "
+                "again with --trace-steps N (N >= 1) to draw its schedule");
   TRIREME_CHECK(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
                     steps[0].get<int>() >= 1 && steps[0].get<int>() <= steps[1].get<int>(),
                 file, ": \"traced_steps\" must be [first, last] with 1 <= first <= last, got ",

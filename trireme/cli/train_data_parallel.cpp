@@ -10,7 +10,7 @@ namespace {
 class DataParallelEngine final : public TrainEngine {
  public:
   DataParallelEngine(const TrainOptions& opt, dist::MeshGroups& groups, at::Device device, bool restoring)
-      : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
+      : tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed), device)),
         seed_(static_cast<uint64_t>(opt.seed)),
         model_(opt.model, seed_, tp_, /*initialize=*/!restoring),
         leader_(groups.rank == 0),
@@ -73,6 +73,7 @@ class DataParallelEngine final : public TrainEngine {
   }
   void initialize_parameters() override { model_->init_parameters(seed_); }
   const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return model_->shard_specs(); }
+  std::shared_ptr<tensor::RngTracker> split_rng() const override { return tp_.rng; }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     return gather_parameters(named_parameters(), model_->shard_specs(), tp_, leader_);

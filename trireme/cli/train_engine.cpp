@@ -16,7 +16,7 @@ void EmulatedSlowdown::after(double seconds) const {
     std::this_thread::sleep_for(std::chrono::duration<double>((factor_ - 1) * seconds));
 }
 
-tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed) {
+tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed, at::Device device) {
   tensor::TensorParallel tp;
   tp.size = groups.size("tp");
   tp.rank = groups.coord("tp");
@@ -24,7 +24,7 @@ tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t 
     tp.group = groups.axis("tp");
     // Pipeline stages hold different layers: their split streams differ too.
     tp.rng = std::make_shared<tensor::RngTracker>(seed + 104729 * static_cast<uint64_t>(groups.coord("pp")),
-                                                  tp.rank);
+                                                  tp.rank, device);
   }
   return tp;
 }

@@ -78,6 +78,9 @@ class TrainEngine {
   // (which leaves them to the restore) when the restore found nothing.
   virtual void initialize_parameters() = 0;
   virtual const std::map<std::string, tensor::ShardSpec>& shard_specs() const = 0;
+  // The tensor-parallel dropout stream of this rank (null without tensor parallelism):
+  // training state, saved and restored with the default generators.
+  virtual std::shared_ptr<tensor::RngTracker> split_rng() const = 0;
   // The parameters this rank contributes to --dump-params, named as in the whole model
   // (empty on ranks whose copy another rank writes).
   virtual std::vector<std::pair<std::string, at::Tensor>> dump_parameters() = 0;
@@ -89,8 +92,9 @@ class TrainEngine {
   virtual std::string describe() const = 0;
 };
 
-// This rank's tensor-parallel group (the mesh's tp axis), with its dropout RNG tracker.
-tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed);
+// This rank's tensor-parallel group (the mesh's tp axis), with its dropout RNG tracker
+// for `device`'s generator.
+tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t seed, at::Device device);
 
 // NormSharing for `params` whose whole-model names are in `named` (any order): summed
 // across the tensor-parallel group (when split) and `split_groups`; a parameter that

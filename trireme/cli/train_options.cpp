@@ -30,6 +30,7 @@ void add_train_flags(FlagParser& p, TrainOptions* o) {
   p.add("weight-decay", &o->weight_decay, "AdamW weight decay");
   p.add("clip", &o->clip, "clip gradients to this global L2 norm (0: off)");
   p.add("seed", &o->seed, "seed of the model initialisation and data order");
+  p.add("dropout", &o->model.dropout, "dropout probability on attention and residual branches (0: off)");
   p.add("data", &o->data, "UTF-8 text file to train on (default: the bundled KJV corpus)");
   p.add("out", &o->out, "run directory for metrics.jsonl and trace.json");
   p.add("dp", &o->dp, "data-parallel size (default: all ranks)");

@@ -48,7 +48,7 @@ class PipelineEngine final : public TrainEngine {
         model_config_(opt.model),
         seed_(static_cast<uint64_t>(opt.seed)),
         first_replica_(groups.coord("dp") == 0),
-        tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed))),
+        tp_(tensor_parallel(groups, static_cast<uint64_t>(opt.seed), device)),
         pp_group_(groups.axis("pp")),
         slowdown_(opt, groups.rank) {
     const bool split = spec_.kind == pipeline::ScheduleKind::kZbH1;
@@ -135,6 +135,7 @@ class PipelineEngine final : public TrainEngine {
     for (auto& [name, param] : stage_module_->named_model_parameters()) param.copy_(values.at(name));
   }
   const std::map<std::string, tensor::ShardSpec>& shard_specs() const override { return specs_; }
+  std::shared_ptr<tensor::RngTracker> split_rng() const override { return tp_.rng; }
 
   std::vector<std::pair<std::string, at::Tensor>> dump_parameters() override {
     return gather_parameters(stage_module_->named_model_parameters(), specs_, tp_,

@@ -99,6 +99,14 @@ at::Device cuda_device(int local_rank) {
   TRIREME_CHECK(at::hasCUDA() && at::getNumGPUs() > static_cast<size_t>(local_rank),
                 "--device cuda: no CUDA device for local rank ", local_rank, " (",
                 at::hasCUDA() ? at::getNumGPUs() : 0, " visible); use --device cpu");
+  // A step replayed after a restart must give the uninterrupted run's bits: kernels with a
+  // deterministic variant use it (a warning names any without), cuBLAS gets a fixed
+  // workspace (read at its first use, after this), and attention runs on the math backend,
+  // as the memory-efficient one's backward accumulates in a varying order. Compiled, not
+  // yet run on a GPU.
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  at::globalContext().setSDPUseMemEfficient(false);
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
@@ -387,6 +395,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
 
+  // The default generators (dropout's) are seeded apart per data-parallel replica and
+  // pipeline stage, and alike within a tensor-parallel group, whose replicated regions must
+  // draw the same masks (tensor::RngTracker). A restore then overwrites them.
+  at::manual_seed(static_cast<uint64_t>(opt.seed) * 1000003 + 7919 * static_cast<uint64_t>(dp_rank) +
+                  104729 * static_cast<uint64_t>(groups.coord("pp")) + 1);
   const data::BatchSampler sampler(corpus.size(), opt.model.seq_len, opt.batch,
                                    static_cast<uint64_t>(opt.seed));
 
@@ -417,6 +430,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.world = &world;
   train_state.parameters = engine->named_parameters();
   train_state.specs = engine->shard_specs();
+  train_state.split_rng = engine->split_rng();
   train_state.tp = opt.tp;
   train_state.tp_rank = groups.coord("tp");
   train_state.dp = opt.dp;
@@ -424,7 +438,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.dp_group = groups.axis("dp");
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
-  train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero};
+  train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, -1, opt.model.flags()};
   // An elastic job restores from whatever whole replicas the nodes left hold: no shares
   // (`trireme train` refuses --snapshot-share 1 there).
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
@@ -491,7 +505,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::unique_ptr<ft::Snapshotter> snapshotter;
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
-        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, rank},
+        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, rank, opt.model.flags()},
         kill_in_snapshot_seam(rank, restart, snapshot_dir));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
@@ -676,14 +690,17 @@ int train_worker_main(const std::vector<std::string>& args) {
   const std::vector<std::string> entries = world.gather_on_leader("summary", entry.str());
   const std::vector<std::string> memory_lines = world.gather_on_leader("memory", memory.line(rank));
   if (leader) {
-    const int64_t last_traced = std::min(trace_last, opt.steps);
+    // This generation traced the window's steps from where it started (a resumed one
+    // traced none of those before its first step); [first, first - 1] when none.
+    const int64_t first_traced = std::max(trace_first, first_step);
+    const int64_t last_traced = std::max(first_traced, std::min(trace_last, opt.steps));
     obs::write_text_file(opt.out + "/trace.json", obs::chrome_trace_json(ranks));
     obs::write_text_file(opt.out + "/timeline.tsv", obs::serialize_ranks(ranks));
     obs::write_text_file(opt.out + "/run.json",
-                         run_json(opt, mesh, trace_first + 1, last_traced, entries));
-    const std::string steps = last_traced > trace_first ? "steps " + std::to_string(trace_first + 1) + "-" +
-                                                              std::to_string(last_traced)
-                                                        : "no steps traced";
+                         run_json(opt, mesh, first_traced + 1, last_traced, entries));
+    const std::string steps = last_traced > first_traced ? "steps " + std::to_string(first_traced + 1) + "-" +
+                                                               std::to_string(last_traced)
+                                                         : "no steps traced";
     obs::write_text_file(opt.out + "/timeline.svg",
                          obs::timeline_svg("trireme train gpt, " + steps + ": " + mesh.describe(), ranks));
     if (!opt.dump_params.empty()) {

@@ -19,7 +19,7 @@ BatchSampler::BatchSampler(uint64_t corpus_size, int64_t seq_len, int64_t global
   TRIREME_CHECK(global_batch >= 1, "--batch must be positive, got ", global_batch);
   TRIREME_CHECK(corpus_size >= static_cast<uint64_t>(seq_len) + 1, "the corpus has ",
                 corpus_size, " bytes, too short for --seq ", seq_len,
-                "; give a text of at least ", seq_len + 1, " bytes or lower --seq");
+                "; give a text of at least ", static_cast<uint64_t>(seq_len) + 1, " bytes or lower --seq");
   num_starts_ = corpus_size - static_cast<uint64_t>(seq_len);
 }
 
@@ -53,8 +53,8 @@ std::vector<uint64_t> BatchSampler::shard(int64_t step, int64_t rank, int64_t wo
 }
 
 std::vector<uint64_t> BatchSampler::slice(int64_t step, int64_t begin, int64_t count) const {
-  TRIREME_CHECK(count >= 1 && begin >= 0 && begin + count <= global_batch_, "sequences [", begin, ", ",
-                begin + count, ") are not a slice of the global batch of ", global_batch_);
+  TRIREME_CHECK(count >= 1 && begin >= 0 && begin <= global_batch_ && count <= global_batch_ - begin,
+                "sequences [", begin, ", +", count, ") are not a slice of the global batch of ", global_batch_);
   std::vector<uint64_t> out;
   out.reserve(static_cast<size_t>(count));
   for (int64_t i = begin; i < begin + count; ++i) out.push_back(offset(step, i));

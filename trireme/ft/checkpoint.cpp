@@ -148,7 +148,7 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
                          {"step", step},        {"mesh", layout.mesh},
                          {"dp", layout.dp},     {"tp", layout.tp},
                          {"pp", layout.pp},     {"zero", layout.zero},
-                         {"rank", layout.rank},
+                         {"rank", layout.rank},     {"model", layout.model},
                          {"world_size", world_size}, {"tensors", tensors}};
   write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
   fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
@@ -264,6 +264,10 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     c.layout_ = {field(m, "mesh", where).get<std::string>(), static_cast<int>(count("dp", kIntMax)),
                  static_cast<int>(count("tp", kIntMax)), static_cast<int>(count("pp", kIntMax)),
                  static_cast<int>(count("zero", kIntMax)), m.value("rank", -1)};
+    if (m.contains("model")) {
+      if (!m["model"].is_string()) TRIREME_THROW(CheckpointCorrupt, where, ": field model is not a string");
+      c.layout_.model = m["model"].get<std::string>();
+    }
     std::map<std::string, uint64_t> needed;  // file -> bytes it must have
     for (const auto& [name, t] : field(m, "tensors", where).items()) {
       Tensor tensor;
@@ -458,7 +462,8 @@ std::string Checkpoint::describe() const {
     }
   out << "checkpoint " << dir_ << "\n  step " << step_ << ", written by " << layout_.mesh << " (dp " << layout_.dp
       << ", tp " << layout_.tp << ", pp " << layout_.pp << ", zero " << layout_.zero << ")"
-      << (layout_.rank >= 0 ? ", the snapshot of rank " + std::to_string(layout_.rank) : std::string()) << "\n  "
+      << (layout_.rank >= 0 ? ", the snapshot of rank " + std::to_string(layout_.rank) : std::string())
+      << (layout_.model.empty() ? std::string() : "\n  model " + layout_.model) << "\n  "
       << tensors_.size()
       << " tensors, " << slices << " slices, " << bytes << " bytes\n";
   for (const auto& [name, t] : tensors_) {

@@ -43,6 +43,9 @@ struct CheckpointLayout {
   std::string mesh;
   int dp = 1, tp = 1, pp = 1, zero = 0;
   int rank = -1;  // the one rank whose own state this is (a snapshot); -1: the whole job
+  // What was trained, as the flags that shape it (e.g. "--vocab 256 --seq 128 ..."): a
+  // resume under other flags is refused. "" when not recorded (library use, older files).
+  std::string model;
 };
 
 // A box of a whole-model tensor that this rank writes. `data` has box.size's shape.

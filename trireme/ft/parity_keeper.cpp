@@ -482,6 +482,10 @@ void ParityKeeper::run(const KeeperGeneration& g) {
       while (true) {
         if (stop_) return;
         if (const double held = held_back_us(round); held > 0) {
+          if (const int64_t seen = newest_common_step(g, /*listed_only=*/true); seen > tried) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stats_.held_back_step = seen;
+          }
           std::unique_lock<std::mutex> lock(wake_mutex_);
           wake_.wait_for(lock,
                          std::min<std::chrono::microseconds>(std::chrono::microseconds(static_cast<int64_t>(held)),

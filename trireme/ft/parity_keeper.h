@@ -79,6 +79,7 @@ struct KeeperStats {
   int64_t protected_step = 0;  // the step of the last committed round (0: none)
   int rounds = 0;              // rounds committed
   int skipped = 0;             // rounds dropped because a copy did not verify on some machine
+  int64_t held_back_step = 0;  // the newest step seen here while the CPU share held a round back
   // Every committed round's copy (the files held and linked, the manifests copied) and
   // verification, and its serialization, parity exchange and commit barrier, in order.
   std::vector<double> round_copy_ms, round_exchange_ms;

@@ -78,13 +78,15 @@ void read_local_into(const Checkpoint& c, const std::string& kind, const std::st
     local.copy_(read_local(c, kind, name, shard));
 }
 
-// The generators this rank's training draws from, by checkpoint name: the CPU's, and its
-// GPU's when the parameters live on one (dropout and initialisation there).
+// The generators this rank's training draws from, by checkpoint name: the CPU's, its GPU's
+// when the parameters live on one (dropout and initialisation there), and the
+// tensor-parallel dropout stream of the split regions.
 std::vector<std::pair<std::string, at::Generator>> generators(const TrainingState& s) {
   const std::string rank = "/rank" + std::to_string(s.world->rank());
   std::vector<std::pair<std::string, at::Generator>> out{{"rng/cpu" + rank, at::detail::getDefaultCPUGenerator()}};
   const at::Device device = s.parameters.empty() ? at::Device(at::kCPU) : s.parameters.front().second.device();
   if (device.is_cuda()) out.emplace_back("rng/cuda" + rank, at::globalContext().defaultGenerator(device));
+  if (s.split_rng) out.emplace_back("rng/tp-split" + rank, s.split_rng->split_generator());
   return out;
 }
 
@@ -503,6 +505,10 @@ int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
   chosen.assign(bytes.begin(), bytes.end());
   if (chosen.empty()) return 0;
   const Checkpoint checkpoint = Checkpoint::open(chosen, /*verify_data=*/false);
+  const std::string& model = checkpoint.layout().model;
+  TRIREME_CHECK(model.empty() || s.layout.model.empty() || model == s.layout.model, "checkpoint ", chosen,
+                " is of another model (", model, "; this run has ", s.layout.model,
+                "): resume with the flags that wrote it, or start afresh with another --checkpoint-dir");
   load_from(s, checkpoint);
   return checkpoint.step();
 }
@@ -801,7 +807,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   state_.dp = world.size();
   state_.dp_rank = world.rank();
   state_.adamw = &optimizer;
-  state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0};
+  state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0, -1, ""};
   state_.share_snapshots = options_.share_snapshots && !elastic_from_env();
   snapshot_dir_ = snapshot_dir_from_env(world.rank());
   snapshot_every_ = snapshot_interval(options_.snapshot_every, snapshot_dir_);

@@ -55,6 +55,8 @@ struct TrainingState {
   // The data-parallel group (its ranks hold the same state); null: the world's group,
   // which it must then be (dp == world size).
   dist::Group dp_group;
+  // The tensor-parallel dropout stream (null: none), saved beside the default generators.
+  std::shared_ptr<tensor::RngTracker> split_rng;
   torch::optim::AdamW* adamw = nullptr;     // AdamW over the parameters, or
   parallel::ZeroOptimizer* zero = nullptr;  // ZeRO's, over its DataParallel's parameters
   CheckpointLayout layout;

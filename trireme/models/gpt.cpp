@@ -51,6 +51,15 @@ class EvalScope {
   bool was_training_;
 };
 
+// Token ids outside [0, vocab) would read another row (or, split by vocabulary, silently
+// none); checked on the CPU, where it costs one pass (on a GPU it would add a sync).
+void check_token_ids(const at::Tensor& ids, int64_t vocab, const char* what) {
+  if (!ids.device().is_cpu() || ids.numel() == 0) return;
+  const int64_t low = ids.min().item<int64_t>(), high = ids.max().item<int64_t>();
+  TRIREME_CHECK(low >= 0 && high < vocab, "GPT ", what, " hold token ids in [", low, ", ", high,
+                "], outside the vocabulary [0, ", vocab, "); give ids below --vocab");
+}
+
 at::Tensor maybe_dropout(const at::Tensor& x, double p, bool training) {
   return p > 0.0 ? at::dropout(x, p, training) : x;
 }
@@ -165,6 +174,7 @@ at::Tensor GptImpl::local_logits(const at::Tensor& idx) {
   const int64_t T = idx.size(1);
   TRIREME_CHECK(T >= 1 && T <= config_.seq_len, "GPT input length ", T,
                 " is outside 1..--seq ", config_.seq_len);
+  check_token_ids(idx, config_.vocab, "inputs");
   at::Tensor pos = at::arange(T, idx.options());                                  // (T)
   at::Tensor x = wte->forward(idx) + wpe->forward(pos);                          // (B,T,C)
   x = maybe_dropout(x, config_.dropout, is_training());
@@ -174,6 +184,7 @@ at::Tensor GptImpl::local_logits(const at::Tensor& idx) {
 
 at::Tensor GptImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
   TRIREME_CHECK(targets.sizes() == idx.sizes(), "GPT targets must have the shape of the inputs");
+  check_token_ids(targets, config_.vocab, "targets");
   return loss_of_logits(local_logits(idx), targets);
 }
 
@@ -195,13 +206,15 @@ std::string GptImpl::generate(const std::string& prompt, int64_t new_tokens, dou
   std::vector<int64_t> tokens;
   for (unsigned char c : (prompt.empty() ? std::string("\n") : prompt)) tokens.push_back(c);
   at::Generator gen = at::detail::createCPUGenerator(seed);
+  const at::Device device = wte->weight.device();  // the context goes where the model is
   std::string out;
   out.reserve(static_cast<size_t>(new_tokens));
   for (int64_t i = 0; i < new_tokens; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(tokens.size()), config_.seq_len);
     at::Tensor ctx = at::tensor(std::vector<int64_t>(tokens.end() - T, tokens.end()), at::kLong)
-                         .view({1, T});                      // (1,T)
-    at::Tensor last = forward(ctx).select(1, T - 1)[0];      // (V)
+                         .view({1, T})
+                         .to(device);                              // (1,T)
+    at::Tensor last = forward(ctx).select(1, T - 1)[0].to(at::kCPU);  // (V), sampled on the CPU
     int64_t next;
     if (temperature == 0.0) {
       next = last.argmax().item<int64_t>();
@@ -218,12 +231,13 @@ std::string GptImpl::generate(const std::string& prompt, int64_t new_tokens, dou
 pipeline::LayerList GptImpl::layers() {
   pipeline::LayerList list;
   const double dropout = config_.dropout;
-  const int64_t seq_len = config_.seq_len;
+  const int64_t seq_len = config_.seq_len, vocab = config_.vocab;
   list.push_back({"embeddings",
                   {{"wte", wte.ptr()}, {"wpe", wpe.ptr()}},
-                  [wte = wte, wpe = wpe, dropout, seq_len](const at::Tensor& idx) mutable {
+                  [wte = wte, wpe = wpe, dropout, seq_len, vocab](const at::Tensor& idx) mutable {
                     TRIREME_CHECK(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= seq_len,
                                   "GPT input must be (B,T) with 1 <= T <= --seq ", seq_len);
+                    check_token_ids(idx, vocab, "inputs");
                     at::Tensor pos = at::arange(idx.size(1), idx.options());
                     at::Tensor x = wte->forward(idx) + wpe->forward(pos);
                     return maybe_dropout(x, dropout, wte->is_training());

@@ -18,6 +18,12 @@ void GptConfig::validate() const {
                 " is outside [0, 1); choose a probability such as 0.1");
 }
 
+std::string GptConfig::flags() const {
+  return "--vocab " + std::to_string(vocab) + " --seq " + std::to_string(seq_len) + " --layers " +
+         std::to_string(layers) + " --dim " + std::to_string(dim) + " --heads " + std::to_string(heads) +
+         " --mlp-ratio " + std::to_string(mlp_ratio);
+}
+
 int64_t GptConfig::num_parameters() const {
   const int64_t C = dim, V = vocab, T = seq_len, R = mlp_ratio;
   const int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +

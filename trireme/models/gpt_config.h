@@ -1,12 +1,12 @@
 // Shape of the reference GPT, and what follows from it without building the model.
 //
 // Pure C++ (no libtorch) so the planner and the CLI can size a model cheaply. The field
-// names map to the CLI flags --vocab --seq --layers --dim --heads --mlp-ratio; dropout has
-// no flag (library use only: under tensor parallelism on CUDA its split-region masks are
-// not per rank, and the split stream is not in snapshots, so such a resume is not bitwise).
+// names map to the CLI flags --vocab --seq --layers --dim --heads --mlp-ratio --dropout
+// (the last of `trireme train gpt` only).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace trireme::models {
 
@@ -29,6 +29,9 @@ struct GptConfig {
   //          + 2C + R*C*C + R*C + R*C*C + C)      ln_2, mlp.fc, mlp.proj   (R = mlp_ratio)
   //   + 2C + C*V                                  ln_f, head (no bias, not tied)
   int64_t num_parameters() const;
+  // The flags that give this shape, e.g. "--vocab 256 --seq 128 --layers 4 --dim 128
+  // --heads 4 --mlp-ratio 4" (checkpoints record it; dropout is not part of the shape).
+  std::string flags() const;
 };
 
 }  // namespace trireme::models

@@ -16,7 +16,8 @@ double LrSchedule::at(int64_t step) const {
 
 void LrSchedule::validate() const {
   TRIREME_CHECK(peak > 0, "--lr must be positive, got ", peak);
-  TRIREME_CHECK(floor >= 0 && floor <= peak, "--min-lr must be in [0, --lr], got ", floor);
+  TRIREME_CHECK(floor >= 0 && floor <= peak, "--min-lr ", floor, " is outside [0, --lr ", peak,
+                "] (its default is 3e-4); give --min-lr at most --lr");
   TRIREME_CHECK(warmup_steps >= 0 && warmup_steps <= total_steps, "--warmup ", warmup_steps,
                 " must be between 0 and --steps ", total_steps);
 }

@@ -1,7 +1,11 @@
 // Tensor-parallel operators and layers; see parallel/tensor/tensor_parallel.h for the math.
 #include "trireme/parallel/tensor/tensor_parallel.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <mutex>
 
 #include "trireme/common/error.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
@@ -74,8 +78,21 @@ void check_divisible(int64_t n, int64_t by, const char* what) {
 }  // namespace
 
 // The offset keeps the split stream apart from the seed's other uses (Megatron uses one too).
-RngTracker::RngTracker(uint64_t seed, int rank)
-    : split_(at::detail::createCPUGenerator(seed + 2718 + 7919 * static_cast<uint64_t>(rank))) {}
+// A GPU's stream is a clone of that GPU's default generator (same kind), then reseeded.
+RngTracker::RngTracker(uint64_t seed, int rank, at::Device device) : device_(device) {
+  const uint64_t split_seed = seed + 2718 + 7919 * static_cast<uint64_t>(rank);
+  if (device.is_cpu()) {
+    split_ = at::detail::createCPUGenerator(split_seed);
+  } else {
+    split_ = default_generator().clone();
+    std::lock_guard<std::mutex> lock(split_.mutex());
+    split_.set_current_seed(split_seed);
+  }
+}
+
+at::Generator RngTracker::default_generator() const {
+  return device_.is_cpu() ? at::detail::getDefaultCPUGenerator() : at::globalContext().defaultGenerator(device_);
+}
 
 std::vector<int64_t> full_shape(at::IntArrayRef local, const ShardSpec& spec, int size) {
   std::vector<int64_t> shape(local.begin(), local.end());

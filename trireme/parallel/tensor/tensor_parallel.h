@@ -42,7 +42,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -58,18 +57,21 @@ namespace trireme::tensor {
 
 // Dropout under tensor parallelism. Where activations are replicated (after an
 // all-reduce: the residual stream, the embeddings) every rank must draw the same mask, and
-// does, from the default CPU generator: all ranks of a group draw from it in the same
-// order. Where activations are split (attention probabilities of the local heads) the
+// does, from the device's default generator: all ranks of a group draw from it in the
+// same order. Where activations are split (attention probabilities of the local heads) the
 // ranks must draw different masks, or the t slices would share one pattern: fork() runs
-// such a region with the default generator swapped for this rank's own (seeded by the
-// seed and the rank), then puts the default stream back where it was, so the replicated
-// regions stay identical across the group.
+// such a region with the default generator of the tracker's device (the CPU's, or a
+// GPU's, whose dropout draws from it) set to this rank's own stream (seeded by the seed
+// and the rank), then puts the default stream back where it was, so the replicated
+// regions stay identical across the group. The split stream is part of the training
+// state: snapshots save it (split_generator()) so that a resume draws the masks the
+// uninterrupted run would have.
 class RngTracker {
  public:
-  RngTracker(uint64_t seed, int rank);
+  RngTracker(uint64_t seed, int rank, at::Device device = at::kCPU);
   template <class F>
   auto fork(F&& region) {
-    at::Generator global = at::detail::getDefaultCPUGenerator();
+    at::Generator global = default_generator();
     const at::Tensor saved = global.get_state();
     global.set_state(split_.get_state());
     auto result = region();
@@ -77,8 +79,12 @@ class RngTracker {
     global.set_state(saved);
     return result;
   }
+  // This rank's split stream (its state is what a snapshot saves and restores).
+  at::Generator& split_generator() { return split_; }
 
  private:
+  at::Generator default_generator() const;
+  at::Device device_;
   at::Generator split_;
 };
 
