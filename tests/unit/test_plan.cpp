@@ -199,6 +199,28 @@ TEST(PlanCostModel, RingAllReduceUnderAlphaBeta) {
   EXPECT_NEAR(allreduce_time(p, two, all, n), std::min(flat, hier), 1e-9);
 }
 
+// Replicas whose pipeline boundary leaves the same machine send at the same point of the
+// schedule: they share the machine's network link (before, each had it alone).
+TEST(PlanCostModel, BoundaryTransfersLeavingOneMachineShareItsLink) {
+  const Profile p = uniform_profile(4);
+  const Cluster two = parse_cluster(R"({"groups": [{"device": "A100", "machines": 2, "devices_per_machine": 2,
+      "inter_bandwidth_gbps": 1, "inter_latency_us": 5}]})", "c");
+  Layout one = pipeline_layout(two, 2, pipeline::ScheduleKind::kOneFOneB, 2, {{0, 3}, {3, 6}});
+  one.ranks = {{0, 0, 0}, {0, 1, 0}};  // stage 0 on machine 0, stage 1 on machine 1
+  Layout both = one;
+  both.dp = 2;
+  both.ranks = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}};  // both replicas cross 0 -> 1
+  const double latency = p2p_time(p, two, {0, 0, 0}, {0, 1, 0}, 0);
+  const double alone = estimate(p, two, one).p2p_s - latency, shared = estimate(p, two, both).p2p_s - latency;
+  EXPECT_GT(alone, 0);
+  EXPECT_NEAR(shared, 2 * alone, 1e-12);
+  // Replicas on machines of their own do not share.
+  const Cluster four = parse_cluster(R"({"groups": [{"device": "A100", "machines": 4, "devices_per_machine": 1,
+      "inter_bandwidth_gbps": 1, "inter_latency_us": 5}]})", "c");
+  both.ranks = {{0, 0, 0}, {0, 1, 0}, {0, 2, 0}, {0, 3, 0}};
+  EXPECT_NEAR(estimate(p, four, both).p2p_s - latency, alone, 1e-12);
+}
+
 TEST(PlanCostModel, LayoutThatDoesNotFitIsRejectedWithTheReason) {
   Profile p = uniform_profile(2);
   for (auto& l : p.layers) l.parameters = int64_t{1} << 30;  // 1G parameters a layer, 16 B each

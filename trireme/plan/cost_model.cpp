@@ -134,13 +134,56 @@ double allreduce_time(const Profile& profile, const Cluster& cluster,
 }
 
 double p2p_time(const Profile& profile, const Cluster& cluster, const DeviceSlot& from,
-                const DeviceSlot& to, double bytes) {
+                const DeviceSlot& to, double bytes, int sharing) {
   const MachineGroup& a = cluster.groups[from.group];
   const MachineGroup& b = cluster.groups[to.group];
   const bool same_machine = from.group == to.group && from.machine == to.machine;
-  const Link link = same_machine ? intra_link(profile, a, false) : inter_link(profile, a, b, false);
+  Link link = same_machine ? intra_link(profile, a, false) : inter_link(profile, a, b, false);
+  if (!same_machine) link.bandwidth_Bps /= std::max(1, sharing);
   return link.time(bytes);
 }
+
+namespace {
+
+// How many transfers across each pipeline boundary leave a machine at once: every replica
+// and tensor-parallel rank sends its copy of the activations at the same point of the
+// schedule, and those that leave the same machine share its link. Built once per layout.
+class BoundarySharing {
+ public:
+  explicit BoundarySharing(const Layout& layout) : layout_(layout), parts_(layout.pp * layout.chunks) {
+    leaving_.resize(2 * static_cast<size_t>(parts_));
+    for (int vs = 0; vs < parts_; ++vs)
+      for (int to : {vs + 1, vs - 1}) {
+        if (to < 0 || to >= parts_) continue;
+        auto& count = leaving_[index(vs, to)];
+        for (int q = 0; q < layout.dp; ++q)
+          for (int t = 0; t < layout.tp; ++t) {
+            const DeviceSlot& from = sender(vs, q, t);
+            const DeviceSlot& dest = sender(to, q, t);
+            if (!(from.group == dest.group && from.machine == dest.machine)) ++count[{from.group, from.machine}];
+          }
+      }
+  }
+  // The transfers that share the link of replica r's sender from `vs` to `to`.
+  int at(int r, int vs, int to) const {
+    const DeviceSlot& me = sender(vs, r, 0);
+    const auto& count = leaving_[index(vs, to)];
+    const auto it = count.find({me.group, me.machine});
+    return it == count.end() ? 1 : it->second;
+  }
+
+ private:
+  const DeviceSlot& sender(int vs, int r, int t) const {
+    return layout_.ranks[layout_.rank_of(vs % layout_.pp, r, t)];
+  }
+  size_t index(int vs, int to) const { return static_cast<size_t>(to > vs ? vs : parts_ + vs); }
+
+  const Layout& layout_;
+  int parts_;
+  std::vector<std::map<std::pair<int, int>, int>> leaving_;  // by boundary and direction
+};
+
+}  // namespace
 
 ReplayResult replay(const pipeline::ScheduleSpec& spec, const InstructionTimes& times) {
   const int p = spec.stages, v = spec.chunks, m = spec.micro_batches;
@@ -252,7 +295,7 @@ struct ReplicaPipeline {
 };
 
 ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster, const Layout& layout, int r,
-                                 double in_place) {
+                                 double in_place, const BoundarySharing& sharing) {
   const int p = layout.pp, v = layout.chunks, tp = layout.tp;
   const double b = layout.micro_batch_size_of(r);
   ReplicaPipeline out;
@@ -324,13 +367,15 @@ ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster,
     if (vs + 1 < parts) {
       const double bytes = layer_output_bytes(profile.layers[layout.split[vs].end - 1], b);
       times.send_forward[vs] = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
-                                        layout.ranks[layout.rank_of((vs + 1) % p, r, 0)], bytes);
+                                        layout.ranks[layout.rank_of((vs + 1) % p, r, 0)], bytes,
+                                        sharing.at(r, vs, vs + 1));
       out.p2p_s = std::max(out.p2p_s, times.send_forward[vs]);
     }
     if (vs > 0) {
       const double bytes = layer_output_bytes(profile.layers[layout.split[vs - 1].end - 1], b);
       times.send_backward[vs] = p2p_time(profile, cluster, layout.ranks[layout.rank_of(s, r, 0)],
-                                         layout.ranks[layout.rank_of((vs - 1 + p) % p, r, 0)], bytes);
+                                         layout.ranks[layout.rank_of((vs - 1 + p) % p, r, 0)], bytes,
+                                         sharing.at(r, vs, vs - 1));
     }
   }
   return out;
@@ -339,7 +384,7 @@ ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster,
 // What replica_pipeline reads of replica r's placement: its micro-batch size, each rank's
 // group, how its tensor-parallel groups sit on machines, and which boundaries stay inside
 // a machine. Replicas with equal keys have equal pipelines (and replay once).
-std::vector<int> replica_key(const Layout& layout, int r) {
+std::vector<int> replica_key(const Layout& layout, int r, const BoundarySharing& sharing) {
   const int p = layout.pp, tp = layout.tp;
   std::vector<int> key{layout.micro_batch_size_of(r)};
   for (int s = 0; s < p; ++s) {
@@ -354,6 +399,10 @@ std::vector<int> replica_key(const Layout& layout, int r) {
     const DeviceSlot& a = layout.ranks[layout.rank_of(s, r, 0)];
     const DeviceSlot& b = layout.ranks[layout.rank_of((s + 1) % p, r, 0)];
     key.push_back(a.group == b.group && a.machine == b.machine);
+  }
+  for (int vs = 0; vs < p * layout.chunks; ++vs) {  // the links its transfers share
+    if (vs + 1 < p * layout.chunks) key.push_back(sharing.at(r, vs, vs + 1));
+    if (vs > 0) key.push_back(sharing.at(r, vs, vs - 1));
   }
   return key;
 }
@@ -392,13 +441,14 @@ Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& 
   std::map<std::vector<int>, ReplayResult> replays;
   std::vector<const ReplayResult*> rep(dp);
   std::vector<double> tp_comm(p, 0);
+  const BoundarySharing sharing(layout);
   for (int r = 0; r < dp; ++r) {
-    std::vector<int> key = replica_key(layout, r);
+    std::vector<int> key = replica_key(layout, r, sharing);
     auto it = replays.find(key);
     if (it == replays.end()) {
       const int b = layout.micro_batch_size_of(r);
       if (!in_place.count(b)) in_place[b] = in_place_factor(profile, b) * training_factor(profile, p > 1);
-      const ReplicaPipeline rp = replica_pipeline(profile, cluster, layout, r, in_place[b]);
+      const ReplicaPipeline rp = replica_pipeline(profile, cluster, layout, r, in_place[b], sharing);
       it = replays.emplace(std::move(key), replay(spec, rp.times)).first;
       e.p2p_s = std::max(e.p2p_s, rp.p2p_s);
       for (int s = 0; s < p; ++s) tp_comm[s] = std::max(tp_comm[s], rp.tp_comm[s]);

@@ -149,9 +149,10 @@ void calibrate(Profile* profile, const CostOptions& options = {});
 // data-parallel groups), dividing the network between machines among them.
 double allreduce_time(const Profile& profile, const Cluster& cluster,
                       const std::vector<DeviceSlot>& members, double bytes, int sharing = 1);
-// Time of one point-to-point transfer of `bytes` between two devices.
+// Time of one point-to-point transfer of `bytes` between two devices, while `sharing`
+// transfers (this one included) leave the sender's machine at once over its network link.
 double p2p_time(const Profile& profile, const Cluster& cluster, const DeviceSlot& from,
-                const DeviceSlot& to, double bytes);
+                const DeviceSlot& to, double bytes, int sharing = 1);
 
 // The pipeline replay alone, for tests and pictures: per stage and instruction kind,
 // given durations; returns each stage's end time and fills the per-stage busy time and
