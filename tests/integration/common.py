@@ -2,12 +2,17 @@
 a deadline, reading metrics and parameter dumps. The tests run real processes."""
 import atexit
 import json
+import math
 import os
+import select
 import shutil
 import struct
 import subprocess
+import socket
 import sys
 import tempfile
+import time
+import unittest
 
 TRIREME = os.environ.get("TRIREME_BIN", "build/trireme")
 SOURCE = os.environ.get("TRIREME_SOURCE", os.getcwd())
@@ -48,13 +53,48 @@ def read_params(path):
     return out
 
 
+def worst(values):
+    """The largest of values (non-negative: differences), 0.0 when there is none, and
+    math.inf when any is NaN: Python's max() keeps a NaN only when it comes first, so a
+    NaN difference would otherwise pass a tolerance check."""
+    out = 0.0
+    for v in values:
+        v = float(v)
+        if math.isnan(v):
+            return math.inf
+        out = max(out, v)
+    return out
+
+
+def max_abs(xs, ys):
+    """max |x - y| over the pairs (see worst: math.inf when one is NaN)."""
+    return worst(abs(x - y) for x, y in zip(xs, ys))
+
+
 def max_abs_diff(a, b):
+    """max |a - b| over parameter dumps {name: values} (math.inf when one is NaN)."""
     assert a.keys() == b.keys(), f"parameter names differ: {sorted(a) } vs {sorted(b)}"
-    worst = 0.0
     for name in a:
         assert len(a[name]) == len(b[name]), name
-        worst = max(worst, max((abs(x - y) for x, y in zip(a[name], b[name])), default=0.0))
-    return worst
+    return worst(max_abs(a[name], b[name]) for name in a)
+
+
+def stop(proc):
+    """Kills proc (with its process group, when it leads one: started with
+    start_new_session) if it is still running, reaps it and closes its pipes. For
+    addCleanup right after a Popen: a test that fails early leaves no job running."""
+    if proc.poll() is None:
+        try:
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe:
+            pipe.close()
 
 
 def temp_dir():
@@ -77,3 +117,45 @@ def workers_alive(marker):
         except OSError:
             pass
     return alive
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listened on a moment ago (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    """A test script's main: runs its tests (unittest.main, verbosity 2) and exits 0 when they
+    passed, 1 when one failed, and 77 when tests ran and every one was skipped (a host
+    without what the tests need): ctest shows that as Skipped (SKIP_RETURN_CODE 77 in
+    tests/CMakeLists.txt), not Passed."""
+    result = unittest.main(exit=False, verbosity=2).result
+    if not result.wasSuccessful():
+        sys.exit(1)
+    if result.skipped and result.testsRun <= len(result.skipped):
+        sys.exit(77)
+    sys.exit(0)
+
+
+def store_port(store, timeout=60):
+    """The port `trireme store --port 0` (started with stdout=PIPE) says it listens on, in
+    its first line, read with a deadline: a store that never starts fails the test with
+    what it printed instead of hanging it."""
+    fd = store.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"trireme store did not say its port within {timeout} s; it printed {data!r}")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError(f"trireme store ended (exit {store.wait()}) before saying its port; "
+                                 f"it printed {data!r}")
+        data += chunk
+    line = data.split(b"\n")[0].decode(errors="replace")
+    if "listening on port " not in line:
+        raise AssertionError(f"trireme store's first line does not give its port: {line!r}")
+    return int(line.split("listening on port ")[1].split(";")[0])

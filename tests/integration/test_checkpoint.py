@@ -1,28 +1,38 @@
 """Persistent checkpoints through `trireme train gpt` (real processes over Gloo):
 
 - resuming from a checkpoint reproduces the uninterrupted run bit for bit (DP=2, DP=2 x
-  PP=2, ZeRO-2), per-step losses and final parameters;
+  PP=2, ZeRO-2), per-step losses and final parameters; the resumed run says it resumed at
+  step 3 (a run that found no checkpoint would retrain from 0 and match too);
 - a checkpoint written under DP=2 x PP=2 loads under 1 process, DP=4, PP=4, TP=2, ZeRO-2
-  at DP=4 and ZeRO-1 at DP=2 x PP=2: the loaded parameters are equal, and after one more
-  step the parameters and the optimizer state (exp_avg, exp_avg_sq, step; read back from
-  the checkpoint each layout writes) match the writer's within 1e-5 (the state relative to
-  each tensor's largest element, since exp_avg_sq is of the order of 1e-6);
+  at DP=4 and ZeRO-1 at DP=2 x PP=2 (at its last step: it trains nothing): the loaded
+  parameters are equal, and after one more step the parameters and the optimizer state
+  (exp_avg, exp_avg_sq, step; read back from the checkpoint each layout writes) match the
+  writer's within 1e-5 (the state relative to each tensor's largest element, since
+  exp_avg_sq is of the order of 1e-6);
 - a flipped byte and a truncated file are refused by `trireme checkpoint inspect` with a
   message naming the file and the failed check, and `--resume` falls back to the older
   checkpoint; a foreign manifest is refused;
 - only the newest --keep-checkpoints remain;
-- --resume with no checkpoint to resume from is a first run, bit for bit (DP=2, PP=2 x
-  TP=2): the initial values the restore would have replaced are set after all."""
+- the manifest records the model's flags, and a --resume under other ones (other --heads
+  at the same --dim, fewer --layers) is refused with one line naming both;
+- --resume with no checkpoint to resume from is a first run (it says so), bit for bit
+  (DP=2, PP=2 x TP=2): the initial values the restore would have replaced are set after
+  all."""
 import json
 import os
 import shutil
 import unittest
 
-from common import max_abs_diff, metrics, read_params, run, temp_dir
+from common import main, max_abs_diff, metrics, read_params, run, temp_dir, worst
 
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "8",
          "--lr", "3e-3", "--warmup", "0", "--quiet", "--clip", "0.05",
          "--bucket-mb", "0.02", "--first-bucket-mb", "0.01"]
+
+
+# Not --quiet, so that a --resume run says where it resumed (and no sample, to be quick):
+# a run that found no checkpoint would retrain from step 0 and could match anyway.
+LOUD = [a for a in MODEL if a != "--quiet"] + ["--sample-tokens", "0"]
 
 
 def train(out, nproc, layout, steps, extra=()):
@@ -30,6 +40,19 @@ def train(out, nproc, layout, steps, extra=()):
     run(["train", "gpt", "--nproc-per-node", str(nproc), "--out", out, "--dump-params", dump,
          "--steps", str(steps)] + layout + MODEL + list(extra), timeout=300)
     return dump
+
+
+def resume(out, nproc, layout, steps, extra=()):
+    """train() with --resume, not --quiet: its --dump-params file and its stderr."""
+    dump = out + f".step{steps}.params"
+    proc = run(["train", "gpt", "--nproc-per-node", str(nproc), "--out", out, "--dump-params", dump,
+                "--steps", str(steps), "--resume"] + layout + LOUD + list(extra), timeout=300)
+    return dump, proc.stderr
+
+
+def rows(run_dir):
+    """The metrics rows of run_dir ([] when it wrote none)."""
+    return metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
 
 
 def read_checkpoint(directory):
@@ -74,7 +97,9 @@ class Checkpoints(unittest.TestCase):
             lines = f.readlines()[:3]
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
             f.writelines(lines)
-        resumed = raw(train(out, nproc, layout, 6, ["--resume"]))
+        dump, stderr = resume(out, nproc, layout, 6)
+        self.assertIn(f"resumed at step 3 from {os.path.join(out, 'checkpoints')} in", stderr, stderr[-3000:])
+        resumed = raw(dump)
         losses = [m["loss"] for m in metrics(out)]
         ref = [m["loss"] for m in metrics(os.path.join(self.dir, "straight"))]
         print(f"{' '.join(layout) or '1 process'}: resumed at step 3, losses equal: {losses == ref}, "
@@ -97,10 +122,34 @@ class Checkpoints(unittest.TestCase):
         # replicas' initial broadcast, for the restore to fill; with no checkpoint to
         # restore, both must still happen: the run is the one without --resume.
         straight = raw(train(os.path.join(self.dir, "straight"), nproc, layout, 2))
-        resumed = raw(train(os.path.join(self.dir, "empty"), nproc, layout, 2, ["--resume"]))
+        dump, stderr = resume(os.path.join(self.dir, "empty"), nproc, layout, 2)
+        self.assertIn("nothing to resume from", stderr, stderr[-3000:])
+        self.assertNotIn("resumed at step", stderr)
+        resumed = raw(dump)
         print(f"{' '.join(layout)}: --resume with no checkpoint, parameters bitwise equal to a first run: "
               f"{resumed == straight}")
         self.assertEqual(resumed, straight)
+
+    def test_resume_under_other_model_flags_is_refused(self):
+        # Same --dim, other --heads (or fewer --layers): every parameter this run has is in
+        # the checkpoint with its shape, so only the recorded model flags can tell.
+        out = os.path.join(self.dir, "run")
+        train(out, 1, [], 2, ["--checkpoint-every", "2"])
+        code, stdout, err = self.inspect(os.path.join(out, "checkpoints", "2"))
+        self.assertEqual(code, 0, err)
+        self.assertIn("model --vocab 256 --seq 16 --layers 2 --dim 32 --heads 2 --mlp-ratio 4", stdout)
+        for flags in (["--heads", "4"], ["--layers", "1"]):
+            model = [a for a in LOUD]
+            i = model.index(flags[0])
+            model[i + 1] = flags[1]
+            proc = run(["train", "gpt", "--nproc-per-node", "1", "--out", out, "--steps", "4", "--resume"] + model,
+                       check=False, timeout=120)
+            errors = [l for l in proc.stderr.splitlines() if "error" in l]
+            print(f"--resume {' '.join(flags)}: exit {proc.returncode}: {errors[-1] if errors else proc.stderr[-300:]}")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertIn("is of another model (--vocab 256 --seq 16 --layers 2 --dim 32 --heads 2", proc.stderr)
+            self.assertIn("resume with the flags that wrote it", proc.stderr)
+            self.assertEqual([m["step"] for m in metrics(out)], [1, 2])  # nothing trained
 
     def test_nothing_to_resume_dp2(self):
         self.check_nothing_to_resume(2, ["--dp", "2"])
@@ -123,11 +172,17 @@ class Checkpoints(unittest.TestCase):
             out = os.path.join(self.dir, name)
             root = os.path.join(self.dir, name + "-checkpoints")
             shutil.copytree(os.path.join(ref, "checkpoints", "3"), os.path.join(root, "3"))
-            ckpt = ["--resume", "--checkpoint-dir", root]
-            at3 = read_params(train(out, nproc, layout, 3, ckpt))  # loads, trains nothing
+            ckpt = ["--checkpoint-dir", root]
+            dump, stderr = resume(out, nproc, layout, 3, ckpt)  # loads, trains nothing
+            self.assertIn(f"resumed at step 3 from {root} in", stderr, stderr[-3000:])
+            self.assertEqual(rows(out), [], "a run resumed at its last step trained")
+            at3 = read_params(dump)
             # One more step, checkpointed under this layout: its optimizer state must be
             # the writer's, tensor for tensor (a wrongly loaded state would show here).
-            at4 = read_params(train(out, nproc, layout, 4, ckpt + ["--checkpoint-every", "1"]))
+            dump, stderr = resume(out, nproc, layout, 4, ckpt + ["--checkpoint-every", "1"])
+            self.assertIn(f"resumed at step 3 from {root} in", stderr, stderr[-3000:])
+            self.assertEqual([m["step"] for m in rows(out)], [4])
+            at4 = read_params(dump)
             state4 = read_checkpoint(os.path.join(root, "4"))
             loaded3 = loaded3 or at3
             diff3 = max_abs_diff(loaded3, at3)
@@ -137,8 +192,10 @@ class Checkpoints(unittest.TestCase):
                              sorted(k for k in ref_state if not k.startswith("rng/")))
             # Relative to each tensor's own scale: exp_avg_sq is ~1e-6, so an absolute
             # bound would pass a state loaded as zeros.
-            state_diff = max(float((state4[k] - ref_state[k]).abs().max() / ref_state[k].abs().max().clamp(min=1e-30))
-                             for k in ref_state if not k.startswith("rng/"))
+            def relative(k):
+                return float((state4[k] - ref_state[k]).abs().max() / ref_state[k].abs().max().clamp(min=1e-30))
+            # (worst: inf when one is NaN, which max() would let through.)
+            state_diff = worst(relative(k) for k in ref_state if not k.startswith("rng/"))
             print(f"checkpoint of dp2 x pp2 loaded under {name}: parameters vs 1 process's load "
                   f"{diff3:.3g}; one more step: parameters {diff4:.3g}, its checkpoint (params, exp_avg, "
                   f"exp_avg_sq, step) vs the writer's {state_diff:.3g} (max relative to each tensor's scale)")
@@ -222,4 +279,4 @@ class Checkpoints(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

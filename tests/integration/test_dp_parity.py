@@ -8,11 +8,10 @@ backward ends (overlap)."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import unittest
 
-from common import TRIREME, max_abs_diff, metrics, read_params, run, temp_dir
+from common import TRIREME, free_port, main, max_abs, max_abs_diff, metrics, read_params, run, stop, temp_dir
 
 # About 180 KB of gradients in 10 KB buckets: many buckets, launched during backward.
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "32", "--batch", "8",
@@ -43,7 +42,7 @@ class DataParallelParity(unittest.TestCase):
         ref_params, ref_losses, _ = self.reference
         params, losses, out = self.train(nproc, micro, extra)
         param_diff = max_abs_diff(ref_params, params)
-        loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
+        loss_diff = max_abs(ref_losses, losses)
         print(f"dp={nproc} micro-batches={micro} {' '.join(extra)}: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g} (3 steps, vs one process)")
         self.assertEqual(len(losses), 3)
@@ -79,9 +78,7 @@ class DataParallelParity(unittest.TestCase):
     def test_dp4_across_two_agents(self):
         """Two `trireme train` agents (emulated machines) with the same --rdzv form one
         job of 4 data-parallel ranks."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         out = os.path.join(self.dir, "two-agents")
         dump = out + ".params"
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -91,12 +88,14 @@ class DataParallelParity(unittest.TestCase):
              "--dump-params", dump] + MODEL, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True) for node in (0, 1)]
         for agent in agents:
+            self.addCleanup(stop, agent)  # a failed assertion below must not leave the other running
+        for agent in agents:
             _, err = agent.communicate(timeout=300)
             self.assertEqual(agent.returncode, 0, err)
         ref_params, ref_losses, _ = self.reference
         losses = [m["loss"] for m in metrics(out)]
         param_diff = max_abs_diff(ref_params, read_params(dump))
-        loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
+        loss_diff = max_abs(ref_losses, losses)
         print(f"dp=4 over 2 agents x 2 ranks: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g}")
         self.assertEqual(len(losses), 3)
@@ -131,4 +130,4 @@ class DataParallelParity(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -24,12 +24,11 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import unittest
 
-from common import TRIREME, metrics, temp_dir, workers_alive
+from common import TRIREME, free_port, main, max_abs, metrics, stop, store_port, temp_dir, workers_alive
 
 # Global batch 6: 2 sequences per rank on 3 machines, 3 on 2.
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "6",
@@ -39,12 +38,6 @@ STEPS = 40
 # Reduction order changes with dp (sums of 3 vs 2 partial gradients): losses agree to
 # float32 rounding, not bit for bit.
 LOSS_TOLERANCE = 1e-4
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def children(pid):
@@ -93,9 +86,7 @@ class ElasticBase(unittest.TestCase):
 
     def tearDown(self):
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+            stop(p)
         for pid in workers_alive(self.marker):
             os.kill(pid, signal.SIGKILL)
 
@@ -185,7 +176,7 @@ class ElasticBase(unittest.TestCase):
         self.assertEqual(steps, sorted(set(steps)))
         self.assertEqual(steps[-1], self.steps)
         self.assertLessEqual(self.steps - len(steps), missing_allowed, steps)
-        diff = max(abs(m["loss"] - ref[m["step"] - 1]) for m in rows)
+        diff = max_abs([m["loss"] for m in rows], [ref[m["step"] - 1] for m in rows])
         print(f"{what}: max |loss - uninterrupted loss| over {self.steps} steps = {diff:.3g}")
         self.assertLess(diff, LOSS_TOLERANCE)
 
@@ -266,7 +257,7 @@ class Elastic(ElasticBase):
     def test_node_zero_may_be_lost_with_a_store_of_its_own(self):
         store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)
         self.procs.append(store)
-        port = int(store.stdout.readline().split("listening on port ")[1].split(";")[0])
+        port = store_port(store)
         ref = self.reference()
         out = os.path.join(self.dir, "run")
         agents = [self.start(n, port, out, ["--rdzv-external"]) for n in range(3)]
@@ -352,4 +343,4 @@ class Elastic(ElasticBase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import unittest
 
-from common import TRIREME, workers_alive
+from common import TRIREME, main, stop, store_port, workers_alive
 from test_elastic import MODEL, ElasticBase
 
 MACHINES = 3
@@ -84,9 +84,7 @@ class PartitionedMachine(ElasticBase):
 
     def remove_network(self):
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+            stop(p)
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
@@ -111,7 +109,7 @@ class PartitionedMachine(ElasticBase):
         ref = self.reference(extra)
         store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)
         self.procs.append(store)
-        port = int(store.stdout.readline().split("listening on port ")[1].split(";")[0])
+        port = store_port(store)
         out = os.path.join(self.dir, "run")
         agents = [self.start_in(n, port, out, extra + ["--redundancy", "2+1"]) for n in range(MACHINES)]
         self.wait_for_step(out, 12, agents)
@@ -139,4 +137,4 @@ class PartitionedMachine(ElasticBase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import unittest
 
-from common import SOURCE, temp_dir
+from common import SOURCE, main, temp_dir
 
 BUILD = os.environ.get("TRIREME_BUILD", os.path.join(SOURCE, "build"))
 
@@ -43,4 +43,4 @@ class ExampleProject(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -16,6 +16,8 @@ import sys
 import time
 import unittest
 
+from common import free_port, main, stop
+
 TRIREME = os.environ.get("TRIREME_BIN", "trireme")
 PY = sys.executable
 TIMEOUT = 60
@@ -38,12 +40,6 @@ SLEEPER = ("import os, sys, time\n"
            "time.sleep(120)\n")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env_without_omp():
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
@@ -61,9 +57,13 @@ def run(flags, program, timeout=TIMEOUT, env=None):
     return p.returncode, p.stdout, p.stderr, time.monotonic() - start
 
 
-def start(flags, program, env=None):
-    return subprocess.Popen(launcher_cmd(flags, program), stdout=subprocess.PIPE,
+def start(test, flags, program, env=None):
+    """The launcher as a child; killed and reaped when `test` ends, if still running (a
+    failed assertion must not leave it and its workers behind)."""
+    proc = subprocess.Popen(launcher_cmd(flags, program), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
+    test.addCleanup(stop, proc)
+    return proc
 
 
 def json_lines(stdout):
@@ -143,7 +143,7 @@ class Environment(unittest.TestCase):
     def test_two_agents_form_one_job(self):
         port = free_port()
         common = ["--nproc-per-node", "2", "--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
-        agents = [start(common + ["--node-rank", str(r)], [PY, "-c", ENV_WORKER])
+        agents = [start(self, common + ["--node-rank", str(r)], [PY, "-c", ENV_WORKER])
                   for r in (0, 1)]
         results = [a.communicate(timeout=TIMEOUT) for a in agents]
         for agent, (out, err) in zip(agents, results):
@@ -213,7 +213,7 @@ class Failures(unittest.TestCase):
                 "if os.environ['RANK'] == '3': sys.exit(3)\n"
                 "time.sleep(120)\n")
         begin = time.monotonic()
-        agents = [start(common + ["--node-rank", str(r)], [PY, "-c", prog]) for r in (0, 1)]
+        agents = [start(self, common + ["--node-rank", str(r)], [PY, "-c", prog]) for r in (0, 1)]
         results = [a.communicate(timeout=TIMEOUT) for a in agents]
         self.assertLess(time.monotonic() - begin, 15)
         failed = "rank 3 (node 1, local 1) exited with code 3"
@@ -230,8 +230,7 @@ class Failures(unittest.TestCase):
 
 class Signals(unittest.TestCase):
     def start_sleepers(self, n):
-        proc = start(["--nproc-per-node", str(n)], [PY, "-c", SLEEPER])
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        proc = start(self, ["--nproc-per-node", str(n)], [PY, "-c", SLEEPER])
         return proc, read_ready_pids(proc, n)
 
     def test_sigterm_reaches_every_worker(self):
@@ -283,7 +282,7 @@ class BadInput(unittest.TestCase):
         self.check_refused(["--nproc-per-node", "0"], ["true"], "--nproc-per-node")
 
     def test_node_rank_out_of_range(self):
-        self.check_refused(["--nnodes", "2", "--node-rank", "2", "--rdzv", "127.0.0.1:29400"],
+        self.check_refused(["--nnodes", "2", "--node-rank", "2", "--rdzv", f"127.0.0.1:{free_port()}"],
                            ["true"], "--node-rank")
 
     def test_multi_node_needs_rdzv(self):
@@ -315,5 +314,4 @@ class BadInput(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    result = unittest.main(exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() else 1)
+    main()

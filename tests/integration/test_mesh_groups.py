@@ -3,7 +3,7 @@ every rank all-gathers its rank over each of its axis groups and compares with M
 import os
 import unittest
 
-from common import run
+from common import main, run
 
 PROBE = os.path.join(os.environ.get("TRIREME_WORKERS", "build/tests/workers"), "mesh_probe")
 
@@ -29,4 +29,4 @@ class MeshGroups(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -7,7 +7,7 @@ import json
 import os
 import unittest
 
-from common import SOURCE, run, temp_dir
+from common import SOURCE, main, run, temp_dir
 
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16"]
 
@@ -50,7 +50,14 @@ class PlanTest(unittest.TestCase):
         self.assertIn(f"predicted {written['predicted']['step_s'] * 1e3:.1f} ms", line)
         with open(os.path.join(run_dir, "run.json")) as f:
             ran = json.load(f)
-        self.assertIn(f"dp {layout['dp']}", json.dumps(ran).replace('"dp": ', "dp "))
+        # The run's layout is the plan's, field for field (run.json's top-level fields, not
+        # a substring that a rank's entry could supply).
+        for field in ("dp", "tp", "pp", "zero", "micro_batches", "chunks"):
+            self.assertEqual(ran[field], layout[field], f"run.json {field}: {ran}")
+        self.assertEqual(ran["schedule"], layout.get("schedule", "none"), ran)
+        shares = layout.get("replica_micro_batch_sizes")
+        self.assertEqual(ran["replica_batches"],
+                         ",".join(str(b * layout["micro_batches"]) for b in shares) if shares else "even", ran)
 
     def test_pipeline_plan_with_an_emulated_slow_rank(self):
         cluster = self.write("slow.json", {"groups": [
@@ -209,4 +216,4 @@ class PlanTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

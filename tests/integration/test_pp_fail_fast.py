@@ -8,7 +8,7 @@ import subprocess
 import time
 import unittest
 
-from common import TRIREME, temp_dir, workers_alive
+from common import TRIREME, main, temp_dir, workers_alive
 
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "8",
          "--steps", "100000", "--micro-batches", "4", "--quiet"]
@@ -69,4 +69,4 @@ class PipelineFailFast(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

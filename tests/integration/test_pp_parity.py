@@ -8,7 +8,7 @@ import json
 import os
 import unittest
 
-from common import max_abs_diff, metrics, read_params, run, temp_dir
+from common import main, max_abs, max_abs_diff, metrics, read_params, run, temp_dir
 
 # 4 blocks -> 6 layers (embeddings, 4 blocks, head), enough for 4 stages or 2 x 2 chunks.
 # lr 1e-3: AdamW's first update of an element is lr * g / (|g| + eps), which for a gradient
@@ -44,7 +44,7 @@ class PipelineParity(unittest.TestCase):
                                ["--schedule", schedule, "--chunks", str(chunks)] + list(extra))
         ref_params, ref_losses = self.reference
         param_diff = max_abs_diff(ref_params, params)
-        loss_diff = max(abs(a - b) for a, b in zip(ref_losses, losses))
+        loss_diff = max_abs(ref_losses, losses)
         print(f"{name}: max abs diff params {param_diff:.3g}, losses {loss_diff:.3g} "
               f"(3 steps, vs one process)")
         self.assertEqual(len(losses), 3)
@@ -107,4 +107,4 @@ class PipelineParity(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -12,7 +12,7 @@ import json
 import os
 import unittest
 
-from common import run, temp_dir
+from common import main, run, temp_dir
 
 V, T, L, C, H, R = 256, 16, 2, 32, 2, 4  # vocab, seq, layers, dim, heads, mlp ratio
 SMALL = ["--layers", str(L), "--dim", str(C), "--heads", str(H), "--seq", str(T)]
@@ -193,4 +193,4 @@ class ProfileBadInput(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

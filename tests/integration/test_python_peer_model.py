@@ -6,7 +6,7 @@ import os
 import sys
 import unittest
 
-from common import SOURCE, read_params, run, temp_dir
+from common import SOURCE, main, max_abs_diff, read_params, run, temp_dir
 
 try:
     import torch
@@ -30,11 +30,11 @@ class PythonPeerModel(unittest.TestCase):
         cpp = read_params(dump)
         py = {k: v.flatten().tolist() for k, v in gpt.Gpt(cfg, seed=42).state_dict().items()}
         self.assertEqual(sorted(cpp), sorted(py))
-        worst = max(max(abs(a - b) for a, b in zip(cpp[k], py[k])) for k in cpp)
+        worst = max_abs_diff(cpp, py)  # (inf when a difference is NaN)
         print(f"{len(cpp)} tensors, {sum(len(v) for v in cpp.values())} values: "
               f"max abs diff C++ vs Python init {worst:.3g}")
         self.assertLessEqual(worst, 1e-6)
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

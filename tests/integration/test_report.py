@@ -11,7 +11,7 @@ import json
 import os
 import unittest
 
-from common import run, temp_dir
+from common import main, run, temp_dir
 
 T0_US = 1.7e15  # wall-clock microseconds, as the trainer records them
 
@@ -176,7 +176,27 @@ class Report(unittest.TestCase):
 
         # A run trained with --trace-steps 0 writes [first, first - 1]: it traced nothing.
         out = make_run(layout={"traced_steps": [2, 1]})
-        self.refuse([out], ["the run traced no steps (--trace-steps 0)", "--trace-steps N"])
+        self.refuse([out], ["the run traced no steps (--trace-steps 0, or it resumed after", "--trace-steps N"])
+
+    def test_a_resumed_run_names_only_the_steps_it_traced(self):
+        # A generation resumed at step k traced only the window's steps after k: run.json
+        # says so (it claimed the whole window, and report sent people to steps it lacks).
+        out = os.path.join(temp_dir(), "run")
+        model = ["--nproc-per-node", "2", "--pp", "2", "--micro-batches", "2", "--layers", "2", "--dim", "16",
+                 "--heads", "2", "--seq", "16", "--batch", "4", "--quiet", "--sample-tokens", "0", "--out", out]
+        run(["train", "gpt", "--steps", "3", "--trace-steps", "4", "--checkpoint-every", "2"] + model, timeout=300)
+        with open(os.path.join(out, "run.json")) as f:
+            self.assertEqual(json.load(f)["traced_steps"], [2, 3])  # step 1 (warm-up) is not traced
+        run(["train", "gpt", "--steps", "5", "--trace-steps", "4", "--checkpoint-every", "4", "--resume"] + model,
+            timeout=300)
+        with open(os.path.join(out, "run.json")) as f:
+            self.assertEqual(json.load(f)["traced_steps"], [3, 5])  # resumed at 2
+        self.assertIn("steps 3-5", self.report([out]))
+        run(["train", "gpt", "--steps", "6", "--trace-steps", "2", "--resume"] + model,
+            timeout=300)  # resumed at 4, after the window (steps 2-3)
+        with open(os.path.join(out, "run.json")) as f:
+            self.assertEqual(json.load(f)["traced_steps"], [5, 4])
+        self.refuse([out], ["the run traced no steps"])
         out = make_run(pp=1, dp=2, ranks=[[], []])
         self.refuse([out, "--step", "2"], ["--step needs a pipeline run"])
 
@@ -187,4 +207,4 @@ class Report(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

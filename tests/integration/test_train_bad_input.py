@@ -5,7 +5,7 @@ import socket
 import subprocess
 import unittest
 
-from common import run, temp_dir, workers_alive
+from common import free_port, main, run, temp_dir, workers_alive
 
 SMALL = ["--layers", "1", "--dim", "16", "--heads", "2", "--seq", "16", "--batch", "4",
          "--steps", "2", "--quiet"]
@@ -55,8 +55,8 @@ class TrainBadInput(unittest.TestCase):
         self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")
 
     def test_redundancy_cpu_out_of_range(self):
-        self.refuse(["--nproc-per-node", "1", "--nnodes", "2:3", "--rdzv", "127.0.0.1:1", "--max-restarts", "1",
-                     "--redundancy", "2+1", "--redundancy-cpu", "2"] + SMALL,
+        self.refuse(["--nproc-per-node", "1", "--nnodes", "2:3", "--rdzv", f"127.0.0.1:{free_port()}",
+                     "--max-restarts", "1", "--redundancy", "2+1", "--redundancy-cpu", "2"] + SMALL,
                     "--redundancy-cpu must be in [0, 1] (a share of one core; 0: no limit), got 2")
 
     def test_standby_not_a_switch_value(self):
@@ -116,6 +116,19 @@ class TrainBadInput(unittest.TestCase):
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("the available model is: gpt", proc.stderr)
 
+    def test_min_lr_above_lr_names_the_default(self):
+        self.refuse(["--nproc-per-node", "1", "--lr", "1e-4"] + SMALL,
+                    "--min-lr 0.0003 is outside [0, --lr 0.0001] (its default is 3e-4); give --min-lr at most --lr")
+
+    def test_elastic_job_splits_replica_batches_evenly_when_smaller(self):
+        # --replica-batches is for the full membership; at fewer nodes the worker splits the
+        # batch evenly, so the pre-check must not refuse the list (it did: "gives 2
+        # replicas but --dp is 1"). Checked as far as the next check, the missing data file.
+        self.refuse(["--nnodes", "1:2", "--max-restarts", "1", "--rdzv", f"127.0.0.1:{free_port()}",
+                     "--nproc-per-node", "1", "--batch", "8", "--replica-batches", "6,2",
+                     "--data", "/nonexistent/corpus.txt"] + SMALL[:-5],
+                    "--data /nonexistent/corpus.txt: cannot read")
+
     def test_port_in_use(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -126,4 +139,4 @@ class TrainBadInput(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

@@ -7,7 +7,7 @@ import subprocess
 import time
 import unittest
 
-from common import TRIREME, temp_dir, workers_alive
+from common import TRIREME, main, temp_dir, workers_alive
 
 LONG = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32", "--batch", "4",
         "--steps", "100000", "--quiet", "--log-every", "1"]
@@ -42,39 +42,59 @@ def worker_pids(out):
     return [p for p in workers_alive(out) if b"__train-worker" in proc_file(p, "cmdline")]
 
 
+def end(proc, out):
+    """For a finally: a job (--steps 100000) still running after a failed assertion is
+    killed and reaped, and so are its ranks."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+    for pid in workers_alive(out):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class TrainSignals(unittest.TestCase):
     def test_sigterm_stops_every_rank(self):
         out = os.path.join(temp_dir(), "run")
         proc = start(out)
-        wait_for_training(out, proc)
-        self.assertEqual(len(worker_pids(out)), 2)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        print(f"SIGTERM: exit {proc.returncode} after {time.monotonic() - t0:.2f} s: {err.strip().splitlines()[-1]}")
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertEqual(workers_alive(out), [], "ranks left running after SIGTERM")
+        try:
+            wait_for_training(out, proc)
+            self.assertEqual(len(worker_pids(out)), 2)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+            print(f"SIGTERM: exit {proc.returncode} after {time.monotonic() - t0:.2f} s: "
+                  f"{err.strip().splitlines()[-1]}")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertEqual(workers_alive(out), [], "ranks left running after SIGTERM")
+        finally:
+            end(proc, out)
 
     def test_killed_rank_stops_the_job_within_10s(self):
         out = os.path.join(temp_dir(), "run")
         proc = start(out)
-        wait_for_training(out, proc)
-        pids = worker_pids(out)
-        self.assertEqual(len(pids), 2)
-        # Find rank 1 by its environment.
-        victim = next(p for p in pids if b"\0RANK=1\0" in b"\0" + proc_file(p, "environ"))
-        t0 = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
-        last = err.strip().splitlines()[-1]
-        print(f"kill -9 rank 1: exit {proc.returncode} after {elapsed:.2f} s: {last}")
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertLess(elapsed, 10.0)
-        self.assertIn("rank 1", last)
-        self.assertIn("signal 9", last)
-        self.assertEqual(workers_alive(out), [], "ranks left running after a crash")
+        try:
+            wait_for_training(out, proc)
+            pids = worker_pids(out)
+            self.assertEqual(len(pids), 2)
+            # Find rank 1 by its environment.
+            victim = next(p for p in pids if b"\0RANK=1\0" in b"\0" + proc_file(p, "environ"))
+            t0 = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+            elapsed = time.monotonic() - t0
+            last = err.strip().splitlines()[-1]
+            print(f"kill -9 rank 1: exit {proc.returncode} after {elapsed:.2f} s: {last}")
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertLess(elapsed, 10.0)
+            self.assertIn("rank 1", last)
+            self.assertIn("signal 9", last)
+            self.assertEqual(workers_alive(out), [], "ranks left running after a crash")
+        finally:
+            end(proc, out)
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    main()

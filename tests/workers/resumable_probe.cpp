@@ -2,7 +2,10 @@
 // program written against the library, made fault tolerant with ft::Resumable in the
 // few lines a user would write, trains a small MLP for STEPS steps and rank 0 writes the
 // final parameters (raw float32, in order) to OUT. With KILL_AT > 0, rank 1 of the first
-// generation SIGKILLs itself after that many steps.
+// generation SIGKILLs itself after that many steps, once every rank's snapshot of that step
+// is complete (so a restart resumes exactly there). Each rank says on stderr where it
+// started: "resumable_probe: restart R: resumed at step N" (N 0 when it started afresh),
+// which the test checks, since a run restarted from step 0 would end bitwise equal too.
 //   resumable_probe STEPS KILL_AT OUT
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/container/functional.h>
@@ -13,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include "trireme/dist/world.h"
 #include "trireme/ft/resume.h"
@@ -35,16 +39,22 @@ int main(int argc, char** argv) {
 
   trireme::ft::Resumable resumable(world, *model, optimizer);  // snapshots every step under --max-restarts
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  for (int64_t step = resumable.resume(); step < steps; ++step) {
+  const int64_t first = resumable.resume();
+  std::fprintf(stderr, "resumable_probe: restart %s: resumed at step %lld\n", restart ? restart : "?",
+               static_cast<long long>(first));
+  for (int64_t step = first; step < steps; ++step) {
     // This rank's rows of the step's batch: a function of the step alone.
     const at::Tensor x = at::arange(64, at::kFloat).reshape({8, 8}).mul(0.1 * (step + 1) + world.rank()).sin();
     model->forward(x).square().mean().backward();
     optimizer.step();
     optimizer.zero_grad();
     resumable.step_done(step + 1);
-    if (kill_at > 0 && step + 1 == kill_at && world.rank() == 1 && restart && std::atoi(restart) == 0) {
-      resumable.wait();  // the snapshot of this step is complete: only what follows is lost
-      std::raise(SIGKILL);
+    if (kill_at > 0 && step + 1 == kill_at && restart && std::atoi(restart) == 0) {
+      // Every rank's snapshot of this step is complete (each waits for its own, then they
+      // meet): only what follows is lost.
+      resumable.wait();
+      world.gather_on_leader("probe/killed-after", std::to_string(kill_at));
+      if (world.rank() == 1) std::raise(SIGKILL);
     }
   }
   resumable.wait();

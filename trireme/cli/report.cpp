@@ -9,6 +9,7 @@
 // theoretical one (pipeline::measure_pipeline and pipeline::theoretical_bubble define them).
 // --step N restricts both to one traced step. A pp=1 run is drawn one row per rank.
 //   trireme report runs/pp2 [--step 3] [--replica 1]
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -182,12 +183,22 @@ obs::RankEvents select_steps(const obs::RankEvents& rows, int first, int last, i
           auto [it, inserted] = step_start.try_emplace(*step, e.start_us);
           if (!inserted) it->second = std::min(it->second, e.start_us);
         }
+  // Step i's window is [its start, step i+1's start). The steps' starts rise with the step
+  // (each step ends in an all-reduce of its loss), so a window is found by bisection;
+  // scanning every step for every event took events x steps on long traces.
+  std::vector<std::pair<double, int>> starts;  // (start, step), in step order
+  for (const auto& [step, start] : step_start) starts.emplace_back(start, step);
+  const bool rising = std::is_sorted(starts.begin(), starts.end());
   auto in_selected_step = [&](double us) {
-    for (auto it = step_start.begin(); it != step_start.end(); ++it) {
-      const auto next = std::next(it);
-      const double end = next == step_start.end() ? std::numeric_limits<double>::infinity()
-                                                  : next->second;
-      if (it->first >= first && it->first <= last && us >= it->second && us < end) return true;
+    if (rising) {
+      auto it = std::upper_bound(starts.begin(), starts.end(), std::make_pair(us, std::numeric_limits<int>::max()));
+      if (it == starts.begin()) return false;
+      --it;
+      return it->second >= first && it->second <= last;
+    }
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const double end = i + 1 == starts.size() ? std::numeric_limits<double>::infinity() : starts[i + 1].first;
+      if (starts[i].second >= first && starts[i].second <= last && us >= starts[i].first && us < end) return true;
     }
     return false;
   };
