@@ -16,7 +16,11 @@ int checkpoint_main(const std::vector<std::string>& args) {
   FlagParser parser("trireme checkpoint inspect DIR");
   const auto rest = parser.parse(args);
   if (parser.help_requested()) {
-    std::fputs(parser.usage().c_str(), stdout);
+    std::fputs("usage: trireme checkpoint inspect DIR\n"
+               "Verifies a checkpoint (DIR/manifest.json: manifest, file lengths and every slice's CRC-32)\n"
+               "and prints its step, the layout and model that wrote it, and its tensors; given a\n"
+               "directory of checkpoints, the newest that verifies, naming the damaged ones skipped.\n",
+               stdout);
     return 0;
   }
   TRIREME_CHECK(rest.size() == 2 && rest[0] == "inspect",

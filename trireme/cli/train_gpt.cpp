@@ -19,10 +19,11 @@ constexpr const char* kTrainHelp =
     "usage: trireme train gpt --nproc-per-node N [--dp D --pp P --schedule S --chunks V]\n"
     "                         [--steps S --batch B --micro-batches M --seq T --layers L\n"
     "                         --dim C --heads H --lr LR --seed SEED --data FILE --out DIR]\n"
-    "Trains the reference byte-level GPT on N local ranks: data parallel, pipeline parallel\n"
-    "(--pp, schedules gpipe, 1f1b, interleaved, zb-h1) or both, writing DIR/metrics.jsonl,\n"
-    "trace.json, timeline.svg, loss.svg and run.json (draw the pipeline: trireme report DIR),\n"
-    "and prints a generated sample at the end when one rank holds the whole model.\n";
+    "Trains the reference byte-level GPT on N ranks per node (several nodes: --nnodes,\n"
+    "--node-rank, --rdzv): data, tensor (--tp) and pipeline parallel (--pp, schedules gpipe,\n"
+    "1f1b, interleaved, zb-h1), writing DIR/metrics.jsonl, trace.json, timeline.tsv,\n"
+    "timeline.svg, loss.svg and run.json (draw the pipeline: trireme report DIR), and prints\n"
+    "a generated sample at the end when one rank holds the whole model.\n";
 
 void check_output_dir(const std::string& dir) {
   std::error_code error;
