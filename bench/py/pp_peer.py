@@ -40,9 +40,10 @@ pipelining the global norm would need an all-reduce over stages; skipped, the be
 compares speed).
 
 Rank 0 writes --out (JSON lines): per step {"step", "step_ms", "tokens_per_s", "loss"}, where
-step_ms is time.perf_counter() around schedule.step() + optimizer.step() + zero_grad() after a
-dist.barrier() that lines the ranks up, and loss is the mean micro-batch loss, broadcast to
-rank 0 from the rank holding the last stage after the timer stops (so it is never null). At
+step_ms is time.perf_counter() from a dist.barrier() that lines the ranks up to the end of
+schedule.step() + optimizer.step() + zero_grad() and of the broadcast of the loss (the mean
+micro-batch loss, never null) to rank 0 from the rank holding the last stage: like Trireme's
+step, which ends with a loss all-reduce, rank 0's time includes its wait for that rank. At
 the end one {"final": true, "rank": r, "maxrss_kb": ...} line per rank: the process's peak
 resident memory (getrusage). Every rank builds the whole model first, to draw the same
 initial parameters as gpt.py and Trireme, then keeps only its parts, so the peak includes one
@@ -312,6 +313,8 @@ def main() -> int:
         step_args = (x,) if holds_first else ()
         losses: list[torch.Tensor] = []
 
+        # Both ranks start the step together (the previous step's loss broadcast has already
+        # joined them; the barrier also waits out rank 0's metrics write below).
         dist.barrier()
         t0 = time.perf_counter()
         if holds_last:
@@ -320,13 +323,15 @@ def main() -> int:
             schedule.step(*step_args)
         opt.step()
         opt.zero_grad(set_to_none=False)
-        step_s = time.perf_counter() - t0
 
-        # Outside the timer: the mean micro-batch loss, from the last stage's rank to rank 0.
+        # Inside the timer, as in Trireme (whose step ends with the loss all-reduce over
+        # every rank): the mean micro-batch loss, from the last stage's rank to rank 0, so
+        # that rank 0's step time includes its wait for the last stage to finish its step.
         loss_t = torch.zeros(1, dtype=torch.float64)
         if holds_last and losses:
             loss_t[0] = torch.stack([l.detach() for l in losses]).double().mean()
         dist.broadcast(loss_t, src=last_rank)
+        step_s = time.perf_counter() - t0
         if out is not None:
             out.write(json.dumps({"step": step, "step_ms": step_s * 1e3,
                                   "tokens_per_s": tokens_per_step / step_s,
