@@ -159,3 +159,18 @@ def store_port(store, timeout=60):
     if "listening on port " not in line:
         raise AssertionError(f"trireme store's first line does not give its port: {line!r}")
     return int(line.split("listening on port ")[1].split(";")[0])
+
+
+class SnapshotAreaTest(unittest.TestCase):
+    """A test whose agents put their snapshot areas in a directory of its own (not /dev/shm,
+    shared with parallel tests), and which checks that none is left behind."""
+
+    def setUp(self):
+        self.dir = temp_dir()
+        self.areas = os.path.join(self.dir, "snapshot-areas")
+        os.makedirs(self.areas)
+        os.environ["TRIREME_SNAPSHOT_ROOT"] = self.areas
+
+    def tearDown(self):
+        del os.environ["TRIREME_SNAPSHOT_ROOT"]
+        self.assertEqual(os.listdir(self.areas), [], "the agent left its snapshot area behind")

@@ -25,10 +25,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import unittest
 
-from common import TRIREME, free_port, main, max_abs, metrics, stop, store_port, temp_dir, workers_alive
+from common import SOURCE, TRIREME, free_port, main, max_abs, metrics, stop, store_port, temp_dir, workers_alive
+
+sys.path.insert(0, os.path.join(SOURCE, "bench", "py"))
+from bench_proc import processes_with  # noqa: E402 (bench/py/bench_proc.py)
 
 # Global batch 6: 2 sequences per rank on 3 machines, 3 on 2.
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "6",
@@ -41,18 +45,7 @@ LOSS_TOLERANCE = 1e-4
 
 
 def children(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
+    return processes_with(1, pid)
 
 
 def listdir(path):

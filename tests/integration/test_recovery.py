@@ -30,9 +30,8 @@ import re
 import signal
 import subprocess
 import time
-import unittest
 
-from common import TRIREME, free_port, main, metrics, run, stop, temp_dir, workers_alive
+from common import TRIREME, SnapshotAreaTest, free_port, main, metrics, run, stop, workers_alive
 
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "8",
          "--lr", "3e-3", "--warmup", "0", "--clip", "0.05", "--bucket-mb", "0.02",
@@ -82,17 +81,7 @@ def lines_in(path):
         return len(f.readlines())
 
 
-class Recovery(unittest.TestCase):
-    def setUp(self):
-        self.dir = temp_dir()
-        # This test's snapshot areas go here (not /dev/shm, shared with parallel tests).
-        self.areas = os.path.join(self.dir, "snapshot-areas")
-        os.makedirs(self.areas)
-        os.environ["TRIREME_SNAPSHOT_ROOT"] = self.areas
-
-    def tearDown(self):
-        del os.environ["TRIREME_SNAPSHOT_ROOT"]
-        self.assertEqual(os.listdir(self.areas), [], "the agent left its snapshot area behind")
+class Recovery(SnapshotAreaTest):
 
     def reference(self, nproc, layout, steps=STEPS):
         out = os.path.join(self.dir, "straight")

@@ -8,25 +8,16 @@ was never interrupted. Nothing is left behind: no probe process, no snapshot are
 under a directory of the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
 import re
-import unittest
 
-from common import main, run, temp_dir, workers_alive
+from common import SnapshotAreaTest, main, run, workers_alive
 
 PROBE = os.path.join(os.environ.get("TRIREME_WORKERS", "build/tests/workers"), "resumable_probe")
 RESUMED = re.compile(r"^\[([01])\] resumable_probe: restart (\d+): resumed at step (\d+)$", re.M)
 
 
-class Resumable(unittest.TestCase):
-    def setUp(self):
-        self.dir = temp_dir()
-        # This test's snapshot areas go here (not /dev/shm, shared with parallel tests).
-        self.areas = os.path.join(self.dir, "snapshot-areas")
-        os.makedirs(self.areas)
-        os.environ["TRIREME_SNAPSHOT_ROOT"] = self.areas
-
+class Resumable(SnapshotAreaTest):
     def tearDown(self):
-        del os.environ["TRIREME_SNAPSHOT_ROOT"]
-        self.assertEqual(os.listdir(self.areas), [], "the agent left its snapshot area behind")
+        super().tearDown()
         self.assertEqual(workers_alive(PROBE), [], "resumable_probe processes left behind")
 
     def resumed(self, stderr):
