@@ -4,6 +4,7 @@ import atexit
 import json
 import math
 import os
+import random
 import select
 import shutil
 import struct
@@ -120,8 +121,25 @@ def workers_alive(marker):
 
 
 def free_port():
-    """A TCP port of 127.0.0.1 that nothing listened on a moment ago (bound, then closed)."""
-    with socket.socket() as s:
+    """A TCP port of 127.0.0.1 that nothing used a moment ago (bound, then closed), chosen at
+    random below the kernel's ephemeral range: a port the kernel hands out (bind to port 0,
+    and every outgoing connection of the tests running beside this one) could be taken
+    again before the agent binds it (seen in CI: "--rdzv port 32883 is already in use")."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = max(1024, min(ephemeral_low, 32768) - 12000)
+    for _ in range(200):
+        port = random.randrange(low, max(low + 1, ephemeral_low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no luck below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
