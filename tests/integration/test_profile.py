@@ -190,6 +190,10 @@ class ProfileBadInput(unittest.TestCase):
         self.refuse(["bert"], "unknown model 'bert'")
         self.refuse([], "name the model to profile")
         self.refuse(["gpt", "--out", "/nonexistent/dir/profile.json"], "does not exist")
+        # Only the launcher flags that say where ranks run: a profile neither restarts nor
+        # snapshots, and its help no longer lists what it would ignore.
+        self.refuse(["gpt", "--max-restarts", "1"], "unknown flag --max-restarts for 'trireme profile'")
+        self.refuse(["gpt", "--redundancy", "1+1"], "unknown flag --redundancy")
 
 
 if __name__ == "__main__":

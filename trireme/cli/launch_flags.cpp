@@ -26,16 +26,20 @@ void parse_nnodes(const std::string& text, launch::LaunchOptions* options) {
 
 }  // namespace
 
-void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
+void add_launch_flags(FlagParser& parser, LaunchFlags* flags, LaunchFlagSet set) {
   launch::LaunchOptions& o = flags->options;
+  const bool all = set == LaunchFlagSet::kAll;
   parser.add("nproc-per-node", &o.nproc_per_node, "workers to start on this node");
   parser.add("nnodes", &flags->nnodes,
-             "nodes (agents) in the job: N, or MIN:MAX for an elastic job that goes on while MIN remain "
-             "after machines are lost and takes nodes that join back up to MAX");
+             all ? "nodes (agents) in the job: N, or MIN:MAX for an elastic job that goes on while MIN remain "
+                   "after machines are lost and takes nodes that join back up to MAX"
+                 : "nodes (agents) in the job");
   parser.add("node-rank", &o.node_rank, "this node's id, 0..MAX-1; node 0 hosts --rdzv");
   parser.add("rdzv", &flags->rdzv,
              "HOST:PORT of node 0's rendezvous store, the same on every node "
              "(default: an ephemeral port on 127.0.0.1, single node only)");
+  parser.add("join-timeout", &o.join_timeout_s, "seconds to wait for all nodes to join the rendezvous");
+  if (!all) return;
   parser.add_switch("rdzv-external", &o.external_store,
                     "the store at --rdzv runs apart from the agents (`trireme store --port P` on a host that "
                     "stays): node 0 does not host it and may be lost like any other node");
@@ -48,8 +52,6 @@ void add_launch_flags(FlagParser& parser, LaunchFlags* flags) {
              "then call trireme::launch::await_activation() first)");
   parser.add("heartbeat-timeout", &o.heartbeat_timeout_s,
              "kill (and, with --max-restarts, restart) a worker whose progress heartbeat stalls this many seconds (0: off)");
-  parser.add("join-timeout", &o.join_timeout_s,
-             "seconds to wait for all nodes to join the rendezvous");
   parser.add("node-timeout", &o.node_timeout_s,
              "seconds without an agent's heartbeat after which its machine counts as lost (default 5)");
   parser.add("grace-seconds", &o.preemption_grace_s,

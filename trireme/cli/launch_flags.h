@@ -27,8 +27,12 @@ struct LaunchFlags {
   int standby = -1;  // --standby 0|1; -1: the command's default
 };
 
+// Which launcher flags a command takes: all of them, or only where its ranks run (a
+// command that neither restarts nor snapshots, e.g. `trireme profile`).
+enum class LaunchFlagSet { kAll, kPlacement };
+
 // Registers the launcher flags on parser, bound to *flags (which must outlive parsing).
-void add_launch_flags(FlagParser& parser, LaunchFlags* flags);
+void add_launch_flags(FlagParser& parser, LaunchFlags* flags, LaunchFlagSet set = LaunchFlagSet::kAll);
 
 // After parsing: applies --rdzv, sets the command to run, validates everything.
 // Throws InvalidArgument with one line naming the flag and the fix.

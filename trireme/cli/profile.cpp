@@ -274,7 +274,7 @@ int profile_main(const std::vector<std::string>& args) {
   LaunchFlags launch_flags;
   launch_flags.options.nproc_per_node = 2;  // communication needs two ranks
   FlagParser parser("trireme profile");
-  add_launch_flags(parser, &launch_flags);
+  add_launch_flags(parser, &launch_flags, LaunchFlagSet::kPlacement);
   add_profile_command_flags(parser, &opt);
   const auto positional = parser.parse(args);
   if (parser.help_requested()) {
