@@ -642,6 +642,19 @@ TEST(PlanCostModel, CalibrationMakesTheMeasuredStepThePredictedOne) {
   }
 }
 
+// An elastic generation of another number of replicas splits the batch evenly (both the
+// launcher's pre-check and the worker call this).
+TEST(TrainOptions, ReplicaBatchesGiveWayWhenTheReplicasChange) {
+  cli::TrainOptions o;
+  o.tp = 2;
+  o.replica_batches = "12,4";
+  EXPECT_FALSE(cli::drop_replica_batches_for(&o, 4));  // 2 replicas of tp 2
+  EXPECT_EQ(o.replica_batches, "12,4");
+  EXPECT_TRUE(cli::drop_replica_batches_for(&o, 2));  // 1 replica left
+  EXPECT_EQ(o.replica_batches, "");
+  EXPECT_FALSE(cli::drop_replica_batches_for(&o, 2));  // nothing left to drop
+}
+
 TEST(TrainOptions, ReplicaBatchesAreCheckedAgainstTheBatch) {
   auto error_of = [](const std::string& flag, int64_t batch, int dp, int64_t micro) {
     cli::TrainOptions o;

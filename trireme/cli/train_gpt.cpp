@@ -1,7 +1,6 @@
 // `trireme train gpt`: checks every flag it can before any process starts, then launches
 // its own ranks through the launcher, each running `trireme __train-worker gpt ARGS` with
 // the same arguments (train_worker.cpp).
-#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -70,12 +69,7 @@ int train_main(const std::vector<std::string>& args) {
                   "which restores from whole replicas; leave it out");
     for (int nodes = launch::min_nodes(launch_options); nodes < launch_options.nnodes; ++nodes) {
       TrainOptions at = opt;
-      // As the worker does: per-replica batches for another number of replicas give way
-      // to an even split.
-      const int dp = launch_options.nproc_per_node * nodes / std::max(1, opt.tp * opt.pp);
-      if (!at.replica_batches.empty() &&
-          std::count(at.replica_batches.begin(), at.replica_batches.end(), ',') + 1 != dp)
-        at.replica_batches.clear();
+      drop_replica_batches_for(&at, launch_options.nproc_per_node * nodes);  // as the worker will
       try {
         validate_train_options(&at, launch_options.nproc_per_node * nodes);
       } catch (const InvalidArgument& e) {

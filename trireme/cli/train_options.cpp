@@ -1,5 +1,6 @@
 #include "trireme/cli/train_options.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "trireme/common/error.h"
@@ -100,6 +101,15 @@ void validate_pipeline_options(TrainOptions* o) {
 }
 
 }  // namespace
+
+bool drop_replica_batches_for(TrainOptions* o, int world_size) {
+  const int dp = world_size / std::max(1, o->tp * o->pp);
+  if (o->replica_batches.empty() ||
+      std::count(o->replica_batches.begin(), o->replica_batches.end(), ',') + 1 == dp)
+    return false;
+  o->replica_batches.clear();
+  return true;
+}
 
 void validate_replica_batches(TrainOptions* o, const char* batch_flag) {
   o->replica_batch_sizes.clear();

@@ -84,6 +84,11 @@ void apply_plan(const plan::Plan& plan, const std::string& origin, TrainOptions*
 // `batch_flag` names the global batch in the messages (trireme plan's is --global-batch).
 void validate_replica_batches(TrainOptions* options, const char* batch_flag = "--batch");
 
+// An elastic job's generation of `world_size` ranks: per-replica batch sizes belong to the
+// devices they were chosen for, so when they name another number of replicas than the
+// generation has, they give way to an even split of --batch. Returns whether they did.
+bool drop_replica_batches_for(TrainOptions* options, int world_size);
+
 // Checks everything that can be checked before starting processes, given the world size
 // the launch will produce. Throws InvalidArgument with one line naming the flag.
 void validate_train_options(TrainOptions* options, int world_size);

@@ -366,15 +366,10 @@ int train_worker_main(const std::vector<std::string>& args) {
   const bool elastic = ft::elastic_from_env();
   if (elastic) {
     opt.dp = 0;
-    // Per-replica batch sizes belong to the devices they were chosen for: when the
-    // membership changes the number of replicas, the batch is split evenly again.
-    const int dp = world.size() / std::max(1, opt.tp * opt.pp);
-    if (!opt.replica_batches.empty() && std::count(opt.replica_batches.begin(), opt.replica_batches.end(), ',') + 1 != dp) {
-      if (world.rank() == 0)
-        std::fprintf(stderr, "gpt: --replica-batches %s names a different number of replicas than the %d now present; "
-                             "splitting --batch evenly\n", opt.replica_batches.c_str(), dp);
-      opt.replica_batches.clear();
-    }
+    const std::string named = opt.replica_batches;
+    if (drop_replica_batches_for(&opt, world.size()) && world.rank() == 0)
+      std::fprintf(stderr, "gpt: --replica-batches %s names a different number of replicas than the %d now present; "
+                           "splitting --batch evenly\n", named.c_str(), world.size() / std::max(1, opt.tp * opt.pp));
   }
   validate_train_options(&opt, world.size());
   const int rank = world.rank();
@@ -503,10 +498,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   if (opt.checkpoint_every > 0)
     checkpointer = ft::checkpoint_writer(train_state, opt.checkpoint_dir, static_cast<int>(opt.keep_checkpoints));
   std::unique_ptr<ft::Snapshotter> snapshotter;
+  ft::CheckpointLayout snapshot_layout = train_state.layout;
+  snapshot_layout.rank = rank;  // a snapshot holds this rank's own state
   if (snapshot_every > 0)
     snapshotter = std::make_unique<ft::Snapshotter>(
-        snapshot_dir, ft::CheckpointLayout{mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, rank, opt.model.flags()},
-        kill_in_snapshot_seam(rank, restart, snapshot_dir));
+        snapshot_dir, snapshot_layout, kill_in_snapshot_seam(rank, restart, snapshot_dir));
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);

@@ -137,9 +137,9 @@ double p2p_time(const Profile& profile, const Cluster& cluster, const DeviceSlot
                 const DeviceSlot& to, double bytes, int sharing) {
   const MachineGroup& a = cluster.groups[from.group];
   const MachineGroup& b = cluster.groups[to.group];
-  const bool same_machine = from.group == to.group && from.machine == to.machine;
-  Link link = same_machine ? intra_link(profile, a, false) : inter_link(profile, a, b, false);
-  if (!same_machine) link.bandwidth_Bps /= std::max(1, sharing);
+  const bool inside = same_machine(from, to);
+  Link link = inside ? intra_link(profile, a, false) : inter_link(profile, a, b, false);
+  if (!inside) link.bandwidth_Bps /= std::max(1, sharing);
   return link.time(bytes);
 }
 
@@ -160,7 +160,7 @@ class BoundarySharing {
           for (int t = 0; t < layout.tp; ++t) {
             const DeviceSlot& from = sender(vs, q, t);
             const DeviceSlot& dest = sender(to, q, t);
-            if (!(from.group == dest.group && from.machine == dest.machine)) ++count[{from.group, from.machine}];
+            if (!same_machine(from, dest)) ++count[{from.group, from.machine}];
           }
       }
   }
@@ -398,7 +398,7 @@ std::vector<int> replica_key(const Layout& layout, int r, const BoundarySharing&
     for (const auto& [machine, count] : per_machine) key.push_back(count);
     const DeviceSlot& a = layout.ranks[layout.rank_of(s, r, 0)];
     const DeviceSlot& b = layout.ranks[layout.rank_of((s + 1) % p, r, 0)];
-    key.push_back(a.group == b.group && a.machine == b.machine);
+    key.push_back(same_machine(a, b));
   }
   for (int vs = 0; vs < p * layout.chunks; ++vs) {  // the links its transfers share
     if (vs + 1 < p * layout.chunks) key.push_back(sharing.at(r, vs, vs + 1));

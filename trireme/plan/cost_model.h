@@ -64,6 +64,9 @@ struct DeviceSlot {
   int machine = 0;  // machine within the group
   int device = 0;   // device within the machine
 };
+inline bool same_machine(const DeviceSlot& a, const DeviceSlot& b) {
+  return a.group == b.group && a.machine == b.machine;
+}
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
