@@ -359,9 +359,13 @@ int train_worker_main(const std::vector<std::string>& args) {
   Recovery recovery;  // (used only after a restart)
   recovery.started_us = obs::wall_us();
 
+  const dist::WorldInfo world_info = dist::world_info_from_env();
   dist::WorldOptions world_options;
-  if (opt.device == "cuda") world_options.group.backend = dist::BackendKind::kNccl;
-  dist::World world = dist::World::from_env(world_options);
+  if (opt.device == "cuda") {
+    world_options.group.backend = dist::BackendKind::kNccl;
+    world_options.group.cuda_device = world_info.local_rank;  // as cuda_device() below
+  }
+  dist::World world = dist::World::connect(world_info, world_options);
   // An elastic job (--nnodes MIN:MAX) keeps tp and pp and chooses dp for the ranks present.
   const bool elastic = ft::elastic_from_env();
   if (elastic) {

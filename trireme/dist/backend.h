@@ -36,6 +36,11 @@ struct GroupOptions {
   // CPU until the GPU is done) NCCL's watchdog instead ends the process on a failure or
   // time-out: a worker failure to the agent, which restarts the job as for any other.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // NCCL only: the GPU this process drives. The plugin makes it the current device and
+  // binds the group to it, so that a barrier or a first collective with no tensor to go
+  // by (a subgroup's, before any all-reduce) uses it, not c10d's guess of rank % GPUs,
+  // which in a subgroup names another process's GPU. -1 leaves both to c10d.
+  int cuda_device = -1;
 };
 
 // Creates a group of `size` ranks in which this process is `rank`; all members call it

@@ -1,6 +1,7 @@
 // The NCCL backend plugin (libtrireme_nccl.so): c10d's ProcessGroupNCCL for CUDA tensors.
 // Built only where the CUDA toolkit and libtorch_cuda exist; libtrireme loads it with
 // dlopen on first use (dist/backend.cpp), so CPU-only runs never touch CUDA libraries.
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "trireme/common/error.h"
@@ -12,7 +13,13 @@ extern "C" __attribute__((visibility("default"))) trireme::dist::Group trireme_c
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout;
   try {
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+    if (options.cuda_device < 0)
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+    const auto index = static_cast<c10::DeviceIndex>(options.cuda_device);
+    c10::cuda::set_device(index);
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+    group->setBoundDeviceId(at::Device(at::kCUDA, index));
+    return group;
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot create NCCL group (rank ", rank, " of ", size,
                   "): ", trireme::dist::error_text(e));
