@@ -129,6 +129,28 @@ class TrainBadInput(unittest.TestCase):
                      "--data", "/nonexistent/corpus.txt"] + SMALL[:-5],
                     "--data /nonexistent/corpus.txt: cannot read")
 
+    def test_snapshot_share_without_replicas_to_share_with(self):
+        self.refuse(["--nproc-per-node", "1", "--snapshot-share", "1"] + SMALL, "but dp is 1; drop --snapshot-share")
+        self.refuse(["--nproc-per-node", "2", "--zero", "1", "--snapshot-share", "1"] + SMALL,
+                    "already splits; drop --snapshot-share or --zero")
+
+    def test_layout_flags_contradicting_a_plan(self):
+        # A plan fixes layout, batch and model; a flag that says otherwise was silently
+        # replaced by the plan's value. Flags equal to the plan's are fine.
+        work = temp_dir()
+        plan = os.path.join(work, "p.json")
+        run(["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
+             "--seq", "32", "--evaluate", "--dp", "2", "--global-batch", "8", "--out", plan])
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--dp", "1"],
+                    f"--dp 1 contradicts the plan {plan}, which sets 2; drop --dp")
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--layers", "3"],
+                    f"--layers 3 contradicts the plan {plan}, which sets 2")
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--mesh-order", "dp-tp-pp"],
+                    "--mesh-order dp-tp-pp contradicts the plan")
+        out = os.path.join(work, "ok")
+        run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--layers", "2", "--dp", "2", "--steps", "1",
+             "--quiet", "--sample-tokens", "0", "--trace-steps", "0", "--out", out], timeout=120)
+
     def test_port_in_use(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

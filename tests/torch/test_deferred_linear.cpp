@@ -2,7 +2,9 @@
 // then gives exactly what an ordinary linear layer gives.
 #include <gtest/gtest.h>
 
+#include "trireme/common/error.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
+#include "trireme/parallel/pipeline/executor.h"
 
 using namespace trireme::pipeline;
 
@@ -64,4 +66,29 @@ TEST(DeferredLinear, WithoutBias) {
   queue.run_all();
   EXPECT_TRUE(at::allclose(ref.w.grad(), c.w.grad(), 1e-6, 1e-6));
   EXPECT_TRUE(at::allclose(ref.x.grad(), c.x.grad(), 1e-6, 1e-6));
+}
+
+namespace {
+// A backend that only names itself: enough for the executor's constructor to look at.
+class NamedBackend : public c10d::Backend {
+ public:
+  NamedBackend(std::string name, int size) : c10d::Backend(0, size), name_(std::move(name)) {}
+  const std::string getBackendName() const override { return name_; }
+
+ private:
+  std::string name_;
+};
+}  // namespace
+
+TEST(StageExecutor, RefusesAnNcclPipelineGroup) {
+  // The schedules post receives early and match them by tag: on NCCL they would deadlock,
+  // so a library user handing it an NCCL group gets a typed error instead of a hang.
+  const ScheduleSpec spec{ScheduleKind::kOneFOneB, 2, 4, 1};
+  auto make = [&](const std::string& backend) {
+    return StageExecutor(spec, 0, {[](const at::Tensor& x) { return x; }},
+                         [](const at::Tensor& y, const at::Tensor&) { return y.sum(); }, ActivationSpec{{1, 4}},
+                         c10::make_intrusive<NamedBackend>(backend, 2));
+  };
+  EXPECT_THROW(make("nccl"), trireme::InvalidArgument);
+  EXPECT_NO_THROW(make("gloo"));
 }

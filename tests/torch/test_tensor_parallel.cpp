@@ -141,6 +141,22 @@ TEST(TensorParallel, RngTrackerSplitsMasksAndLeavesTheReplicatedStreamAlone) {
   EXPECT_FALSE(at::equal(rank0.fork(mask), split0));
 }
 
+TEST(TensorParallel, SplitStreamsDifferAcrossReplicasStagesAndRanks) {
+  // dp 2 x pp 2 x tp 2: each of the 8 ranks draws its own split-region mask. (With the
+  // seed taken from the stage alone, the two replicas drew the same masks.)
+  const at::Tensor ones = at::ones({4096});
+  auto mask = [&] { return at::dropout(ones, 0.5, /*train=*/true); };
+  std::vector<at::Tensor> masks;
+  for (int replica = 0; replica < 2; ++replica)
+    for (int stage = 0; stage < 2; ++stage)
+      for (int rank = 0; rank < 2; ++rank) {
+        trireme::tensor::RngTracker tracker(trireme::tensor::split_stream_seed(7, replica, stage), rank);
+        masks.push_back(tracker.fork(mask));
+      }
+  for (size_t a = 0; a < masks.size(); ++a)
+    for (size_t b = a + 1; b < masks.size(); ++b) EXPECT_FALSE(at::equal(masks[a], masks[b])) << a << " vs " << b;
+}
+
 TEST(TensorParallel, RngTrackerStreamRestoresFromItsSavedState) {
   // What a snapshot saves (split_generator's state) is all a resumed rank needs to draw
   // the masks the uninterrupted run would have drawn next; a fresh tracker draws others.

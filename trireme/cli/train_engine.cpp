@@ -22,9 +22,8 @@ tensor::TensorParallel tensor_parallel(const dist::MeshGroups& groups, uint64_t 
   tp.rank = groups.coord("tp");
   if (tp.size > 1) {
     tp.group = groups.axis("tp");
-    // Pipeline stages hold different layers: their split streams differ too.
-    tp.rng = std::make_shared<tensor::RngTracker>(seed + 104729 * static_cast<uint64_t>(groups.coord("pp")),
-                                                  tp.rank, device);
+    tp.rng = std::make_shared<tensor::RngTracker>(
+        tensor::split_stream_seed(seed, groups.coord("dp"), groups.coord("pp")), tp.rank, device);
   }
   return tp;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 #include "trireme/common/error.h"
 #include "trireme/dist/mesh.h"
@@ -156,9 +157,45 @@ ReplicaShare replica_share(const TrainOptions& o, int replica) {
   return share;
 }
 
+namespace {
+
+// A layout or model flag given on the command line that the plan sets otherwise would be
+// silently replaced: refused instead. A flag left at its default, or equal to the plan's
+// value, is fine (so applying a plan twice is too).
+template <class T>
+void check_plan_keeps(const char* flag, const T& given, const T& default_value, const T& planned,
+                      const std::string& origin) {
+  if (given == default_value || given == planned) return;
+  std::ostringstream text;
+  text << "--" << flag << " " << given << " contradicts the plan " << origin << ", which sets " << planned
+       << "; drop --" << flag << " (the plan fixes the layout, batch and model) or plan again";
+  throw InvalidArgument(text.str());
+}
+
+}  // namespace
+
 void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o) {
   TRIREME_CHECK(p.model.vocab >= 256, origin, ": the model's vocabulary is ", p.model.vocab,
                 " but training reads bytes (256 symbols); plan a model with vocab 256 or more");
+  std::string planned_replicas;
+  for (int b : p.replica_micro_batch_sizes)
+    planned_replicas += (planned_replicas.empty() ? "" : ",") + std::to_string(int64_t{b} * p.micro_batches);
+  const TrainOptions d;
+  check_plan_keeps<int64_t>("seq", o->model.seq_len, d.model.seq_len, p.model.seq_len, origin);
+  check_plan_keeps<int64_t>("layers", o->model.layers, d.model.layers, p.model.layers, origin);
+  check_plan_keeps<int64_t>("dim", o->model.dim, d.model.dim, p.model.dim, origin);
+  check_plan_keeps<int64_t>("heads", o->model.heads, d.model.heads, p.model.heads, origin);
+  check_plan_keeps<int64_t>("batch", o->batch, d.batch, p.global_batch, origin);
+  check_plan_keeps<int64_t>("micro-batches", o->micro_batches, d.micro_batches, p.micro_batches, origin);
+  check_plan_keeps<int>("dp", o->dp, d.dp, p.dp, origin);
+  check_plan_keeps<int>("tp", o->tp, d.tp, p.tp, origin);
+  check_plan_keeps<int>("pp", o->pp, d.pp, p.pp, origin);
+  check_plan_keeps<int>("chunks", o->chunks, d.chunks, p.chunks, origin);
+  check_plan_keeps<int>("zero", o->zero, d.zero, p.zero, origin);
+  check_plan_keeps<std::string>("schedule", o->schedule, d.schedule, p.schedule, origin);
+  check_plan_keeps<std::string>("pp-split", o->pp_split, d.pp_split, p.pp_split, origin);
+  check_plan_keeps<std::string>("mesh-order", o->mesh_order, d.mesh_order, "tp-dp-pp", origin);
+  check_plan_keeps<std::string>("replica-batches", o->replica_batches, d.replica_batches, planned_replicas, origin);
   o->model.vocab = p.model.vocab;
   o->model.seq_len = p.model.seq_len;
   o->model.layers = p.model.layers;
@@ -174,9 +211,7 @@ void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o)
   o->micro_batches = p.micro_batches;
   o->zero = p.zero;
   o->pp_split = p.pp_split;
-  o->replica_batches.clear();
-  for (int b : p.replica_micro_batch_sizes)
-    o->replica_batches += (o->replica_batches.empty() ? "" : ",") + std::to_string(int64_t{b} * p.micro_batches);
+  o->replica_batches = planned_replicas;
   o->mesh_order = "tp-dp-pp";  // the plan's rank numbering
   if (o->emulate_slowdown.empty()) o->emulate_slowdown = plan::slowdown_flag(p);
   o->predicted_step_s = p.predicted_step_s;
@@ -190,8 +225,8 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 " is not known; use cpu or cuda");
   TRIREME_CHECK(o->steps >= 1, "--steps must be at least 1, got ", o->steps);
   TRIREME_CHECK(o->batch >= 1, "--batch must be at least 1, got ", o->batch);
-  TRIREME_CHECK(o->micro_batches >= 1, "--micro-batches must be at least 1, got ",
-                o->micro_batches);
+  TRIREME_CHECK(o->micro_batches >= 1 && o->micro_batches <= (1 << 20),
+                "--micro-batches must be in [1, 1048576], got ", o->micro_batches);
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
   // The executor posts receives ahead of the sends of the steps before them (they match by
   // tag on Gloo); NCCL's point-to-point has no tags and runs a pair's operations in order
@@ -237,6 +272,11 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 o->snapshot_every);
   TRIREME_CHECK(o->snapshot_share >= -1 && o->snapshot_share <= 1,
                 "--snapshot-share must be 0 or 1 (1: data-parallel replicas share snapshots), got ", o->snapshot_share);
+  TRIREME_CHECK(o->snapshot_share != 1 || (o->dp > 1 && o->zero == 0), "--snapshot-share 1 shares snapshots ",
+                o->zero > 0 ? "between the replicas of a data-parallel group, whose optimizer state --zero "
+                              "already splits; drop --snapshot-share or --zero"
+                            : "between data-parallel replicas, but dp is 1; drop --snapshot-share",
+                "");
   TRIREME_CHECK(o->snapshot_overhead >= 0 && o->snapshot_overhead < 1,
                 "--snapshot-overhead must be in [0, 1) (a fraction of step time; 0 keeps the interval fixed)");
   if (o->checkpoint_dir.empty()) o->checkpoint_dir = o->out + "/checkpoints";

@@ -22,6 +22,12 @@ StageExecutor::StageExecutor(ScheduleSpec spec, int stage, std::vector<PartForwa
                 parts_.size(), " model parts but the schedule uses ", spec_.chunks, " chunks");
   TRIREME_CHECK(spec_.stages > 1 || spec_.chunks == 1,
                 "--chunks needs at least two pipeline stages (--pp 2 or more)");
+  // Receives are posted ahead of the sends before them and matched by tag (Gloo); NCCL's
+  // point-to-point has no tags and runs a pair's operations in order, so they would wait
+  // for sends queued behind them for ever.
+  TRIREME_CHECK(!group_ || group_->getBackendName() != "nccl",
+                "the pipeline executor needs a Gloo group for its stage exchanges; NCCL is not supported yet "
+                "(run pipelines on the CPU, or use tensor and data parallelism on GPUs)");
   TRIREME_CHECK(!group_ || group_->getSize() == spec_.stages, "the pipeline group has ",
                 group_ ? group_->getSize() : 0, " ranks but the schedule has ", spec_.stages,
                 " stages");

@@ -79,6 +79,10 @@ void check_divisible(int64_t n, int64_t by, const char* what) {
 
 // The offset keeps the split stream apart from the seed's other uses (Megatron uses one too).
 // A GPU's stream is a clone of that GPU's default generator (same kind), then reseeded.
+uint64_t split_stream_seed(uint64_t seed, int replica, int stage) {
+  return seed + 15485863 * static_cast<uint64_t>(replica) + 104729 * static_cast<uint64_t>(stage);
+}
+
 RngTracker::RngTracker(uint64_t seed, int rank, at::Device device) : device_(device) {
   const uint64_t split_seed = seed + 2718 + 7919 * static_cast<uint64_t>(rank);
   if (device.is_cpu()) {

@@ -88,6 +88,12 @@ class RngTracker {
   at::Generator split_;
 };
 
+// The seed a tensor-parallel group gives its RngTracker at data-parallel replica `replica`
+// and pipeline stage `stage`: replicas see different samples and stages hold different
+// layers, so their split regions draw different masks too (one process on the whole batch
+// would draw them all from one stream), while the ranks of one group share it.
+uint64_t split_stream_seed(uint64_t seed, int replica, int stage);
+
 // This rank's place in its tensor-parallel group.
 struct TensorParallel {
   dist::Group group;  // null when size == 1
