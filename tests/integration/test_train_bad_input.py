@@ -151,6 +151,24 @@ class TrainBadInput(unittest.TestCase):
         run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--layers", "2", "--dp", "2", "--steps", "1",
              "--quiet", "--sample-tokens", "0", "--trace-steps", "0", "--out", out], timeout=120)
 
+    def test_fresh_run_among_earlier_checkpoints(self):
+        # A run without --resume whose checkpoint directory holds another run's checkpoints
+        # is refused: a restart falling back to disk (or a later --resume) would load that
+        # run's newest step, and retention would delete this run's. --resume continues it.
+        out = os.path.join(temp_dir(), "run")
+        model = SMALL[:SMALL.index("--steps")] + ["--quiet"]
+        args = ["train", "gpt", "--nproc-per-node", "1", "--out", out, "--checkpoint-every", "1", "--steps", "2"] + model
+        run(args, timeout=120)
+        proc = run(args, check=False, timeout=60)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        print(lines[-1] if lines else proc.stderr)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertIn("already holds an earlier run's checkpoints (newest: step 2); pass --resume", lines[0])
+        args[args.index("--steps") + 1] = "3"
+        resumed = run([a for a in args if a != "--quiet"] + ["--resume", "--sample-tokens", "0"], timeout=120)
+        self.assertIn("resumed at step 2", resumed.stderr)
+
     def test_port_in_use(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -10,6 +10,7 @@
 #include "trireme/common/error.h"
 #include "trireme/data/corpus.h"
 #include "trireme/dist/backend.h"
+#include "trireme/ft/checkpoint.h"
 
 namespace trireme::cli {
 namespace {
@@ -34,6 +35,17 @@ void check_output_dir(const std::string& dir) {
   TRIREME_CHECK(f, "--out ", dir, ": directory is not writable; choose a writable path");
   std::fclose(f);
   std::filesystem::remove(probe, error);
+}
+
+// A run that does not --resume must not start among an earlier run's checkpoints: a restart
+// falling back to disk, or a later --resume, would load that run's newest one, and
+// retention (which keeps the newest) would delete this run's. Checked on node 0 only: a
+// node joining a running job sees that very job's checkpoints on a shared file system.
+void check_no_earlier_checkpoints(const TrainOptions& opt) {
+  for (int64_t step : ft::checkpoint_steps(opt.checkpoint_dir))
+    TRIREME_CHECK(!std::filesystem::exists(opt.checkpoint_dir + "/" + std::to_string(step) + "/manifest.json"),
+                  opt.checkpoint_dir, " already holds an earlier run's checkpoints (newest: step ", step,
+                  "); pass --resume to continue that run, or give another --out or --checkpoint-dir");
 }
 
 }  // namespace
@@ -83,6 +95,7 @@ int train_main(const std::vector<std::string>& args) {
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
   if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
+  if (!opt.resume && launch_options.node_rank == 0) check_no_earlier_checkpoints(opt);
   check_output_dir(opt.out);  // (after every refusal: a refused run leaves no directory)
 
   const launch::LaunchResult result = launch::launch(launch_options);
