@@ -9,9 +9,11 @@
   (exp_avg, exp_avg_sq, step; read back from the checkpoint each layout writes) match the
   writer's within 1e-5 (the state relative to each tensor's largest element, since
   exp_avg_sq is of the order of 1e-6);
-- a flipped byte and a truncated file are refused by `trireme checkpoint inspect` with a
-  message naming the file and the failed check, and `--resume` falls back to the older
-  checkpoint; a foreign manifest is refused;
+- a flipped byte, a truncated file, a manifest whose step is not its directory's and one
+  whose slices overlap (TP=2) are refused by `trireme checkpoint inspect` with a message
+  naming the file and the failed check, and `--resume` falls back to the older
+  checkpoint; a foreign manifest is refused; inspecting a step's directory that has no
+  manifest names the missing manifest;
 - only the newest --keep-checkpoints remain;
 - the manifest records the model's flags, and a --resume under other ones (other --heads
   at the same --dim, fewer --layers) is refused with one line naming both;
@@ -205,31 +207,41 @@ class Checkpoints(unittest.TestCase):
             steps = [k for k in ref_state if k.startswith("step/")]
             self.assertTrue(steps and all(int(state4[k][0]) == 4 for k in steps))
 
-    def damaged_run(self):
+    def damaged_run(self, layout=("--dp", "2")):
         out = os.path.join(self.dir, "run")
-        train(out, 2, ["--dp", "2"], 4, ["--checkpoint-every", "2"])
+        train(out, 2, list(layout), 4, ["--checkpoint-every", "2"])
         return out, os.path.join(out, "checkpoints")
 
     def inspect(self, path):
         proc = run(["checkpoint", "inspect", path], check=False)
         return proc.returncode, proc.stdout, [l for l in proc.stderr.splitlines() if l.strip()]
 
-    def check_fallback(self, out, root, expect):
+    def check_fallback(self, out, root, expect, file="rank-1.bin", layout=("--dp", "2")):
         code, _, err = self.inspect(os.path.join(root, "4"))
         print(f"inspect of the damaged checkpoint: exit {code}: {err[-1] if err else ''}")
         self.assertEqual(code, 1)
         self.assertEqual(len(err), 1)
-        self.assertIn("rank-1.bin", err[0])
+        self.assertIn(os.path.join(root, "4", file), err[0])
         self.assertIn(expect, err[0])
         code, stdout, _ = self.inspect(root)
         self.assertEqual(code, 0)
         self.assertIn("skipped:", stdout)
         self.assertIn("step 2,", stdout)
-        proc = run(["train", "gpt", "--nproc-per-node", "2", "--dp", "2", "--out", out, "--steps", "4",
+        proc = run(["train", "gpt", "--nproc-per-node", "2"] + list(layout) + ["--out", out, "--steps", "4",
                     "--resume", "--sample-tokens", "0"] + [a for a in MODEL if a != "--quiet"],
                    timeout=300)  # not --quiet: it says where it resumed
         self.assertIn("skipping a damaged checkpoint", proc.stderr)
+        self.assertIn(os.path.join(root, "4", file), proc.stderr)
         self.assertIn("resumed at step 2 from", proc.stderr)
+
+    @staticmethod
+    def edit_manifest(directory, edit):
+        path = os.path.join(directory, "manifest.json")
+        with open(path) as f:
+            data = json.load(f)
+        edit(data)
+        with open(path, "w") as f:
+            json.dump(data, f)
 
     def test_flipped_byte_falls_back(self):
         out, root = self.damaged_run()
@@ -246,6 +258,48 @@ class Checkpoints(unittest.TestCase):
         path = os.path.join(root, "4", "rank-1.bin")
         os.truncate(path, os.path.getsize(path) // 2)
         self.check_fallback(out, root, "truncated")
+
+    def test_manifest_of_another_step_falls_back(self):
+        # The manifest has no checksum: a step that is not its directory's is refused, not
+        # resumed from as step 6.
+        out, root = self.damaged_run()
+        self.edit_manifest(os.path.join(root, "4"), lambda data: data.update(step=6))
+        self.check_fallback(out, root, "step 6 in the directory of step 4", file="manifest.json")
+
+    def test_manifest_with_overlapping_slices_falls_back(self):
+        # Under TP=2 a split weight has one slice per rank. Moved onto the other, the second
+        # slice still seems to cover the tensor (readers count the elements the slices
+        # cover) while half of it would never be read.
+        layout = ("--tp", "2")
+        out, root = self.damaged_run(layout)
+        moved = []
+
+        def overlap(data):
+            for name, t in sorted(data["tensors"].items()):
+                if name.startswith("param/") and len(t["slices"]) == 2:
+                    t["slices"][1]["start"] = list(t["slices"][0]["start"])
+                    moved.append(name)
+                    return
+
+        self.edit_manifest(os.path.join(root, "4"), overlap)
+        self.assertEqual(len(moved), 1)
+        self.check_fallback(out, root, f"tensor {moved[0]}: slices", file="manifest.json", layout=layout)
+        code, _, err = self.inspect(os.path.join(root, "4"))
+        self.assertIn("overlap", err[0])
+
+    def test_inspect_of_a_step_without_manifest(self):
+        # A step's directory whose write a crash interrupted is that checkpoint, reported
+        # as incomplete, not a directory searched for checkpoints inside it.
+        out = os.path.join(self.dir, "run")
+        train(out, 1, [], 2, ["--checkpoint-every", "2"])
+        step = os.path.join(out, "checkpoints", "2")
+        os.remove(os.path.join(step, "manifest.json"))
+        for path in (step, step + "/"):
+            code, _, err = self.inspect(path)
+            print(f"inspect {path}: exit {code}: {err[-1] if err else ''}")
+            self.assertEqual(code, 1, err)
+            self.assertEqual(len(err), 1, err)
+            self.assertIn("manifest.json: missing (the checkpoint was not completed)", err[0])
 
     def test_foreign_manifest_refused(self):
         _, root = self.damaged_run()

@@ -1,7 +1,10 @@
 """The library is installable and exported: install it, then build examples/consumer (a
-user's own CMake project doing find_package(trireme)) against the installed package and
-run it, alone and on two ranks through the installed `trireme run`."""
+user's own CMake project doing find_package(trireme), made fault tolerant with
+ft::Resumable) against the installed package and run it, alone and on two ranks through
+the installed `trireme run`; with a checkpoint directory, a second run continues from the
+first's last checkpoint to the same parameters (the same final loss), training nothing."""
 import os
+import re
 import shutil
 import subprocess
 import unittest
@@ -31,9 +34,19 @@ class ExampleProject(unittest.TestCase):
                 "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
             sh(["cmake", "--build", consumer])
             exe = os.path.join(consumer, "consumer")
-            alone = sh([exe], env=dict(os.environ, OMP_NUM_THREADS="1"))
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            alone = sh([exe], env=env)
             print(alone.stdout.strip())
-            self.assertIn("rank 0 of 1", alone.stdout)
+            self.assertIn("rank 0 of 1, resumed at step 0,", alone.stdout)
+            ckpt = os.path.join(work, "ckpt")
+            first = sh([exe, ckpt], env=env)
+            self.assertIn("resumed at step 0,", first.stdout)
+            self.assertEqual(sorted(os.listdir(ckpt), key=int), ["100", "150", "200"])  # the newest 3
+            again = sh([exe, ckpt], env=env)
+            print(again.stdout.strip())
+            self.assertIn("resumed at step 200,", again.stdout)
+            loss = re.compile(r"final loss (\S+),")
+            self.assertEqual(loss.search(again.stdout).group(1), loss.search(first.stdout).group(1))
             two = sh([os.path.join(prefix, "bin", "trireme"), "run", "--nproc-per-node", "2",
                       "--", exe])
             print(two.stdout.strip())

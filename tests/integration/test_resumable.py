@@ -3,11 +3,13 @@ resumable_probe.cpp: DataParallel, AdamW and ft::Resumable): under `trireme run
 --max-restarts 1`, a worker killed with SIGKILL mid-run is restarted with the others, they
 resume from the agent's in-memory snapshots at the step it was killed after (each rank
 says where it resumed: the probe's data is a function of the step, so a restart from step
-0 would end bitwise equal too), and the final parameters are bitwise those of a run that
-was never interrupted. Nothing is left behind: no probe process, no snapshot area (put
+0 would end bitwise equal too), and every rank's final parameters and module buffers (a
+BatchNorm's running statistics, each rank's own, and its count of steps) are bitwise those
+of a run that was never interrupted. Nothing is left behind: no probe process, no snapshot area (put
 under a directory of the test's own with TRIREME_SNAPSHOT_ROOT)."""
 import os
 import re
+import struct
 
 from common import SnapshotAreaTest, main, run, workers_alive
 
@@ -42,10 +44,17 @@ class Resumable(SnapshotAreaTest):
         # step 5, the step rank 1 was killed after (every rank's snapshot of it complete).
         self.assertEqual(self.resumed(proc.stderr), {(0, 0): 0, (1, 0): 0, (0, 1): 5, (1, 1): 5},
                          proc.stderr[-3000:])
-        with open(straight, "rb") as a, open(killed, "rb") as b:
-            same = a.read() == b.read()
-        print(f"killed after step 5, restarted, resumed at step 5: final parameters bitwise equal: {same}")
-        self.assertTrue(same)
+        for rank in (0, 1):
+            with open(f"{straight}.{rank}", "rb") as a, open(f"{killed}.{rank}", "rb") as b:
+                want, got = a.read(), b.read()
+            # The file ends with num_batches_tracked: every step counted once, across the restart.
+            self.assertEqual(struct.unpack("<q", got[-8:])[0], 12, f"rank {rank}")
+            same = want == got
+            print(f"rank {rank}: killed after step 5, restarted, resumed at step 5: final parameters and "
+                  f"buffers bitwise equal: {same}")
+            self.assertTrue(same, f"rank {rank}")
+        with open(f"{straight}.0", "rb") as a, open(f"{straight}.1", "rb") as b:
+            self.assertNotEqual(a.read(), b.read())  # the ranks' running statistics differ
 
 
 if __name__ == "__main__":

@@ -1,22 +1,39 @@
 // Snapshotter (ft/snapshot.h): three reused shared-memory slots (more while the agent holds
 // some, which are not written), a crash before the commit leaves the two snapshots before
-// it, and what was taken reads back exactly.
+// it, and what was taken reads back exactly. And what ft/resume.h saves and restores
+// through them and through checkpoints: module buffers, non-contiguous parameters through
+// a shared snapshot's broadcast, and Resumable's checks of its inputs and steps.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/file.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 
+#include "ranks.h"
 #include "trireme/common/error.h"
+#include "trireme/dist/world.h"
+#include "trireme/ft/resume.h"
 #include "trireme/ft/snapshot.h"
+#include "trireme/parallel/data/zero.h"
 
 namespace fs = std::filesystem;
 using trireme::ft::Checkpoint;
@@ -168,6 +185,9 @@ TEST(Snapshotter, MalformedEntriesAreSkipped) {
     std::ifstream in(area.path + "/3/manifest.json");
     manifest.assign(std::istreambuf_iterator<char>(in), {});
   }
+  const size_t step_field = manifest.find("\"step\": 2,");  // the copy is step 3's
+  ASSERT_NE(step_field, std::string::npos) << manifest;
+  manifest.replace(step_field, 10, "\"step\": 3,");
   const size_t shape = manifest.find("\"shape\":");
   ASSERT_NE(shape, std::string::npos) << manifest;
   manifest.replace(shape, manifest.find(']', shape) + 1 - shape, "\"shape\":\"x\"");
@@ -279,4 +299,249 @@ TEST(Snapshotter, ReadIntoFillsTheTensorInPlaceAndChecksTheCrc) {
   }
   EXPECT_THROW(damaged.read_into("w", {{0, 0}, {64, 33}}, at::zeros({64, 33}, at::kDouble)),
                trireme::CheckpointCorrupt);
+}
+
+namespace {
+
+using trireme::dist::World;
+using trireme::ft::Resumable;
+using trireme::ft::ResumableOptions;
+
+// A free TCP port on loopback, for the store of a World of several ranks.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(fd);
+  EXPECT_TRUE(bound);
+  return ntohs(address.sin_port);
+}
+
+// Runs fn(world) on `size` threads, each a rank of one World over loopback (rank 0 hosts
+// its store); rethrows the first rank's failure.
+void run_worlds(int size, const std::function<void(World&)>& fn) {
+  const int port = free_port();
+  std::exception_ptr error;
+  std::mutex mutex;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        trireme::dist::WorldInfo info;
+        info.rank = info.local_rank = rank;
+        info.world_size = info.local_world_size = size;
+        info.master_port = port;
+        trireme::dist::WorldOptions options;
+        options.group.timeout = std::chrono::seconds(60);
+        World world = World::connect(info, options);
+        fn(world);
+        world.group()->barrier()->wait();  // no rank tears down its group while another uses it
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+World one_rank() { return World::connect(trireme::dist::WorldInfo{}); }
+
+// A small model with buffers that every training step changes (a BatchNorm's running
+// statistics and its num_batches_tracked, an int64 scalar).
+torch::nn::Sequential model_with_buffers() {
+  return torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6));
+}
+
+void train_step(torch::nn::Sequential& model, torch::optim::AdamW& optimizer, int64_t step) {
+  model->forward(at::arange(32, at::kFloat).reshape({8, 4}).mul(0.1 * (step + 1)).sin()).square().mean().backward();
+  optimizer.step();
+  optimizer.zero_grad();
+}
+
+}  // namespace
+
+// A checkpoint holds the module's buffers, and resume() restores them bit for bit (before,
+// only parameters were saved: the running statistics restarted from their initial values).
+TEST(Resumable, BuffersRoundTripThroughACheckpoint) {
+  TempDir area;
+  World world = one_rank();
+  const ResumableOptions options{area.path + "/ckpt", /*checkpoint_every=*/1};
+  at::manual_seed(1);
+  torch::nn::Sequential trained = model_with_buffers();
+  torch::optim::AdamW optimizer(trained->parameters(), torch::optim::AdamWOptions(1e-2));
+  {
+    Resumable resumable(world, *trained, optimizer, options);
+    ASSERT_EQ(resumable.resume(), 0);
+    for (int64_t step = 0; step < 3; ++step) {
+      train_step(trained, optimizer, step);
+      resumable.step_done(step + 1);
+    }
+    resumable.wait();
+  }
+  at::manual_seed(2);
+  torch::nn::Sequential restored = model_with_buffers();
+  torch::optim::AdamW fresh(restored->parameters(), torch::optim::AdamWOptions(1e-2));
+  Resumable resumable(world, *restored, fresh, options);
+  ASSERT_EQ(resumable.resume(), 3);
+  const auto want = trained->named_buffers(), got = restored->named_buffers();
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].key(), want[i].key());
+    EXPECT_TRUE(at::equal(got[i].value(), want[i].value())) << want[i].key();
+  }
+  EXPECT_EQ(restored->named_buffers()["1.num_batches_tracked"].item<int64_t>(), 3);
+  const auto params = trained->parameters(), loaded = restored->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], loaded[i]));
+}
+
+// step_done() takes only a step after the last one done or resumed at: a step taken again
+// would have the Snapshotter rewrite the complete snapshot that holds it.
+TEST(Resumable, StepDoneRefusesAStepNotAfterTheLast) {
+  TempDir area;
+  World world = one_rank();
+  const ResumableOptions options{area.path + "/ckpt", /*checkpoint_every=*/2};
+  at::manual_seed(1);
+  torch::nn::Sequential model = model_with_buffers();
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  {
+    Resumable resumable(world, *model, optimizer, options);
+    ASSERT_EQ(resumable.resume(), 0);
+    EXPECT_THROW(resumable.step_done(0), trireme::InvalidArgument);
+    resumable.step_done(1);
+    resumable.step_done(2);
+    try {
+      resumable.step_done(2);
+      FAIL() << "step 2 was taken twice";
+    } catch (const trireme::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("step_done(2) after step 2"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(resumable.step_done(1), trireme::InvalidArgument);
+    resumable.wait();
+  }
+  Resumable resumed(world, *model, optimizer, options);
+  ASSERT_EQ(resumed.resume(), 2);
+  EXPECT_THROW(resumed.step_done(2), trireme::InvalidArgument);
+  resumed.step_done(3);
+  resumed.wait();
+}
+
+// What Resumable cannot save, or options that make no sense, are refused by its
+// constructor with InvalidArgument naming them (before, AMSGrad failed inside libtorch at
+// the first step after a resume, an fp16 parameter in the background writer, and
+// checkpoint_every without a directory wrote nothing, silently).
+TEST(Resumable, ConstructorChecksItsInputs) {
+  World world = one_rank();
+  const auto refused = [&](torch::nn::Module& model, torch::optim::AdamW& optimizer, const ResumableOptions& options,
+                           const std::string& naming) {
+    try {
+      Resumable resumable(world, model, optimizer, options);
+      ADD_FAILURE() << "not refused: " << naming;
+    } catch (const trireme::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(naming), std::string::npos) << e.what();
+    }
+  };
+  torch::nn::Sequential model = model_with_buffers();
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  refused(*model, optimizer, {"/tmp/unused", 1, /*keep_checkpoints=*/0}, "keep_checkpoints");
+  refused(*model, optimizer, {"", /*checkpoint_every=*/5}, "checkpoint_dir is empty");
+  refused(*model, optimizer, {"/tmp/unused", /*checkpoint_every=*/-1}, "checkpoint_every");
+  refused(*model, optimizer, {"", 0, 3, /*snapshot_every=*/-2}, "snapshot_every");
+  torch::optim::AdamW amsgrad(model->parameters(), torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  refused(*model, amsgrad, {}, "amsgrad");
+  torch::nn::Linear half(4, 2);
+  half->to(at::kHalf);
+  torch::optim::AdamW half_optimizer(half->parameters(), torch::optim::AdamWOptions(1e-2));
+  refused(*half, half_optimizer, {}, "parameter 'weight' is Half");
+  torch::nn::Linear masked(4, 2);
+  masked->register_buffer("mask", at::ones({2}, at::kBool));
+  torch::optim::AdamW masked_optimizer(masked->parameters(), torch::optim::AdamWOptions(1e-2));
+  refused(*masked, masked_optimizer, {}, "buffer 'mask' is Bool");
+  Resumable fine(world, *model, optimizer, {});  // the defaults are fine
+}
+
+// ZeRO refuses AMSGrad too: its max_exp_avg_sq is neither gathered nor saved.
+TEST(ZeroOptimizer, RefusesAmsgrad) {
+  trireme::testing::run_ranks(1, [](int, const trireme::dist::Group& group) {
+    torch::nn::Linear net(4, 2);
+    trireme::parallel::DataParallelOptions options;
+    options.rebuild_buckets = false;
+    trireme::parallel::DataParallel dp(net.ptr(), group, options);
+    try {
+      trireme::parallel::ZeroOptimizer zero(dp, 1, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+      ADD_FAILURE() << "ZeRO took amsgrad";
+    } catch (const trireme::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("amsgrad"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// A snapshot shared by the data-parallel group, restored on "nodes" that each hold only
+// their own replica's share (each rank's snapshot directory in an area of its own): each
+// share is broadcast by its holder and written into the others' parameters and AdamW
+// state, also where those are not contiguous (before, a reshape(-1) copied such a tensor
+// and the broadcast was written into the copy).
+TEST(LoadSnapshot, SharedSnapshotBroadcastFillsNonContiguousTensors) {
+  TempDir area;
+  run_worlds(2, [&](World& world) {
+    const int rank = world.rank();
+    // Two transposed (non-contiguous) parameters, the same on both ranks: the larger is
+    // replica 0's share, the other replica 1's.
+    const at::Tensor w1 = at::arange(12, at::kFloat).reshape({3, 4}).t().detach().requires_grad_(true);
+    const at::Tensor w2 = at::arange(10, at::kFloat).reshape({2, 5}).t().detach().requires_grad_(true);
+    ASSERT_FALSE(w1.is_contiguous());
+    torch::optim::AdamW optimizer(std::vector<at::Tensor>{w1, w2}, torch::optim::AdamWOptions(1e-2));
+    w1.mutable_grad() = at::ones_like(w1);
+    w2.mutable_grad() = at::full_like(w2, 2.0);
+    optimizer.step();
+    trireme::ft::TrainingState state;
+    state.world = &world;
+    state.parameters = {{"w1", w1}, {"w2", w2}};
+    state.dp = 2;
+    state.dp_rank = rank;
+    state.dp_group = world.group();
+    state.adamw = &optimizer;
+    state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
+    state.share_snapshots = true;
+    trireme::ft::CheckpointLayout own = state.layout;
+    own.rank = rank;
+    const std::string dir = area.path + "/node" + std::to_string(rank) + "/rank-" + std::to_string(rank);
+    {
+      Snapshotter snapshots(dir, own);
+      trireme::ft::take_snapshot(state, snapshots, 1);
+      snapshots.before_update();
+      snapshots.wait();
+    }
+    std::vector<at::Tensor> want;
+    for (const at::Tensor& p : {w1, w2}) {
+      const auto adam = trireme::parallel::adamw_state(optimizer, p.unsafeGetTensorImpl());
+      ASSERT_EQ(adam.step, 1);
+      want.insert(want.end(), {p.detach().clone(), adam.exp_avg.clone(), adam.exp_avg_sq.clone()});
+    }
+    {
+      at::NoGradGuard no_grad;
+      for (const at::Tensor& p : {w1, w2}) {
+        p.fill_(-1);  // in place: the strides stay
+        trireme::parallel::set_adamw_state(optimizer, p.unsafeGetTensorImpl(), {});
+      }
+    }
+    bool shared = false;
+    ASSERT_EQ(trireme::ft::load_snapshot(state, dir, &shared), 1);
+    EXPECT_TRUE(shared);
+    size_t k = 0;
+    for (const at::Tensor& p : {w1, w2}) {
+      const auto adam = trireme::parallel::adamw_state(optimizer, p.unsafeGetTensorImpl());
+      EXPECT_TRUE(at::equal(p, want[k])) << "rank " << rank << " parameter " << k / 3;
+      EXPECT_EQ(adam.step, 1);
+      ASSERT_TRUE(adam.exp_avg.defined() && adam.exp_avg_sq.defined());
+      EXPECT_TRUE(at::equal(adam.exp_avg, want[k + 1])) << "rank " << rank << " exp_avg " << k / 3;
+      EXPECT_TRUE(at::equal(adam.exp_avg_sq, want[k + 2])) << "rank " << rank << " exp_avg_sq " << k / 3;
+      k += 3;
+    }
+  });
 }

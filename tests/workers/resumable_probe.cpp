@@ -1,13 +1,18 @@
 // Launched by tests/integration/test_resumable.py under `trireme run`: a data-parallel
 // program written against the library, made fault tolerant with ft::Resumable in the
-// few lines a user would write, trains a small MLP for STEPS steps and rank 0 writes the
-// final parameters (raw float32, in order) to OUT. With KILL_AT > 0, rank 1 of the first
-// generation SIGKILLs itself after that many steps, once every rank's snapshot of that step
-// is complete (so a restart resumes exactly there). Each rank says on stderr where it
-// started: "resumable_probe: restart R: resumed at step N" (N 0 when it started afresh),
-// which the test checks, since a run restarted from step 0 would end bitwise equal too.
+// few lines a user would write, trains a small MLP with a BatchNorm1d for STEPS steps, and
+// each rank R writes its final parameters, then its buffers, raw and in order, to OUT.R:
+// the BatchNorm's running mean and variance (float32) and num_batches_tracked (int64, the
+// steps it ran). The running statistics are each rank's own (its rows differ, and
+// DataParallel broadcasts buffers only at the start), so a resume must restore them per
+// rank. With KILL_AT > 0, rank 1 of the first generation SIGKILLs itself after that many
+// steps, once every rank's snapshot of that step is complete (so a restart resumes exactly
+// there). Each rank says on stderr where it started: "resumable_probe: restart R: resumed
+// at step N" (N 0 when it started afresh), which the test checks, since a run restarted
+// from step 0 would end bitwise equal too.
 //   resumable_probe STEPS KILL_AT OUT
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
@@ -33,7 +38,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   trireme::dist::World world = trireme::dist::World::from_env();
   at::manual_seed(5);
-  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Functional(at::tanh), torch::nn::Linear(16, 4));
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Functional(at::tanh),
+                              torch::nn::Linear(16, 4));
   trireme::parallel::DataParallel dp(model.ptr(), world.group());
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
 
@@ -58,10 +64,9 @@ int main(int argc, char** argv) {
     }
   }
   resumable.wait();
-  if (world.rank() == 0) {
-    std::ofstream out(argv[3], std::ios::binary);
-    for (const auto& p : model->parameters())
-      out.write(static_cast<const char*>(p.data_ptr()), static_cast<std::streamsize>(p.nbytes()));
-  }
+  std::ofstream out(std::string(argv[3]) + "." + std::to_string(world.rank()), std::ios::binary);
+  for (const auto& tensors : {model->parameters(), model->buffers()})
+    for (const auto& t : tensors)
+      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
   return 0;
 }

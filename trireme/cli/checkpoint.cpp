@@ -1,7 +1,10 @@
 // `trireme checkpoint inspect DIR`: verifies every slice of a checkpoint (manifest, files,
-// lengths, CRC-32) and prints what it holds. DIR is one checkpoint (it has manifest.json)
-// or a checkpoint directory, whose newest good checkpoint is shown (damaged newer ones are
-// listed as skipped). Exit 1 with one line when nothing verifies.
+// lengths, CRC-32) and prints what it holds. DIR is one checkpoint (it has manifest.json,
+// or its name is a step number: an incomplete one is reported as such) or a checkpoint
+// directory, whose newest good checkpoint is shown (damaged newer ones are listed as
+// skipped). Exit 1 with one line when nothing verifies.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 
@@ -11,6 +14,17 @@
 #include "trireme/ft/checkpoint.h"
 
 namespace trireme::cli {
+namespace {
+
+// Whether `dir` is named as a checkpoint's step (ROOT/<step>, a trailing '/' allowed).
+bool named_as_step(const std::string& dir) {
+  std::filesystem::path path(dir);
+  if (path.filename().empty()) path = path.parent_path();
+  const std::string name = path.filename().string();
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
+}  // namespace
 
 int checkpoint_main(const std::vector<std::string>& args) {
   FlagParser parser("trireme checkpoint inspect DIR");
@@ -19,7 +33,8 @@ int checkpoint_main(const std::vector<std::string>& args) {
     std::fputs("usage: trireme checkpoint inspect DIR\n"
                "Verifies a checkpoint (DIR/manifest.json: manifest, file lengths and every slice's CRC-32)\n"
                "and prints its step, the layout and model that wrote it, and its tensors; given a\n"
-               "directory of checkpoints, the newest that verifies, naming the damaged ones skipped.\n",
+               "directory of checkpoints, the newest that verifies, naming the damaged ones skipped.\n"
+               "A directory named as a step (DIR/200) is one checkpoint, complete or not.\n",
                stdout);
     return 0;
   }
@@ -29,7 +44,7 @@ int checkpoint_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(std::filesystem::is_directory(dir), "checkpoint directory ", dir,
                 std::filesystem::exists(dir) ? " is a file, not a directory" : " does not exist",
                 "; pass a run's checkpoints/ directory or one of its steps");
-  if (std::filesystem::exists(dir + "/manifest.json") || !std::filesystem::exists(dir)) {
+  if (std::filesystem::exists(dir + "/manifest.json") || named_as_step(dir)) {
     const ft::Checkpoint checkpoint = ft::Checkpoint::open(dir, /*verify_data=*/true);
     std::printf("%s  verified: manifest, file lengths and every slice's CRC-32\n", checkpoint.describe().c_str());
     return 0;

@@ -97,6 +97,48 @@ const json& field(const json& object, const char* key, const std::string& where)
   return object.at(key);
 }
 
+// Throws CheckpointCorrupt (naming `at`) unless a slice's box lies inside the tensor's
+// `shape` and its `bytes` are the box's elements of `element` bytes each.
+void check_slice(const Box& box, uint64_t bytes, const std::vector<int64_t>& shape, uint64_t element,
+                 const std::string& at) {
+  uint64_t numel = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (box.start[d] < 0 || box.size[d] < 0 || box.size[d] > shape[d] || box.start[d] > shape[d] - box.size[d])
+      TRIREME_THROW(CheckpointCorrupt, at, ": slice ", describe(box), " is not inside the tensor's shape");
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(box.size[d]), &numel))
+      TRIREME_THROW(CheckpointCorrupt, at, ": slice ", describe(box), " has too many elements");
+  }
+  uint64_t expected = 0;
+  if (__builtin_mul_overflow(numel, element, &expected) || expected != bytes)
+    TRIREME_THROW(CheckpointCorrupt, at, ": slice ", describe(box), " has ", bytes, " bytes for ", numel,
+                  " elements of ", element, " bytes");
+}
+
+// Throws CheckpointCorrupt (naming `at`) when two of a tensor's slices overlap: readers
+// count the elements the slices cover, so an overlap would pass for elements never read.
+void check_disjoint(std::vector<Box> boxes, const std::string& at) {
+  std::sort(boxes.begin(), boxes.end(), [](const Box& a, const Box& b) { return a.start < b.start; });
+  for (size_t i = 0; i < boxes.size(); ++i)
+    for (size_t j = i + 1; j < boxes.size(); ++j) {
+      // Sorted by their start along dimension 0: the later ones begin past this one there.
+      if (!boxes[i].start.empty() && boxes[j].start[0] >= boxes[i].start[0] + boxes[i].size[0]) break;
+      if (intersect(boxes[i], boxes[j]))
+        TRIREME_THROW(CheckpointCorrupt, at, ": slices ", describe(boxes[i]), " and ", describe(boxes[j]), " overlap");
+    }
+}
+
+// Throws CheckpointCorrupt (naming `where`) when `dir` is named as a step (a number) other
+// than `step`, the manifest's.
+void check_step_matches(const std::string& dir, int64_t step, const std::string& where) {
+  fs::path path(dir);
+  if (path.filename().empty()) path = path.parent_path();  // "ROOT/4/"
+  const std::string name = path.filename().string();
+  int64_t named = 0;
+  const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), named);
+  if (!name.empty() && error == std::errc() && end == name.data() + name.size() && named != step)
+    TRIREME_THROW(CheckpointCorrupt, where, ": step ", step, " in the directory of step ", name);
+}
+
 }  // namespace
 
 namespace {
@@ -166,6 +208,10 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
 }
 
 }  // namespace
+
+bool checkpoint_dtype_supported(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kLong || dtype == at::kByte;
+}
 
 void check_piece(const SavedPiece& piece) {
   TRIREME_CHECK(piece.data.numel() == piece.box.numel(), "checkpoint piece ", piece.name, " has ",
@@ -261,6 +307,7 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     };
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
     c.step_ = count("step", std::numeric_limits<int64_t>::max());
+    check_step_matches(dir, c.step_, where);
     c.layout_ = {field(m, "mesh", where).get<std::string>(), static_cast<int>(count("dp", kIntMax)),
                  static_cast<int>(count("tp", kIntMax)), static_cast<int>(count("pp", kIntMax)),
                  static_cast<int>(count("zero", kIntMax)), m.value("rank", -1)};
@@ -273,8 +320,10 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
       Tensor tensor;
       const std::string at = where + ": tensor " + name;
       tensor.dtype = field(t, "dtype", at).get<std::string>();
-      dtype_of(tensor.dtype, at);
+      const auto element = static_cast<uint64_t>(c10::elementSize(dtype_of(tensor.dtype, at)));
       tensor.shape = ints(field(t, "shape", at), at, "shape");
+      if (std::any_of(tensor.shape.begin(), tensor.shape.end(), [](int64_t size) { return size < 0; }))
+        TRIREME_THROW(CheckpointCorrupt, at, ": a negative size in its shape");
       for (const json& s : field(t, "slices", at)) {
         Slice slice;
         slice.file = field(s, "file", at).get<std::string>();
@@ -286,9 +335,13 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
         slice.box = {ints(field(s, "start", at), at, "start"), ints(field(s, "size", at), at, "size")};
         if (slice.box.start.size() != tensor.shape.size() || slice.box.size.size() != tensor.shape.size())
           TRIREME_THROW(CheckpointCorrupt, at, ": a slice's box has the wrong number of dimensions");
+        check_slice(slice.box, slice.bytes, tensor.shape, element, at);
         needed[slice.file] = std::max(needed[slice.file], slice.offset + slice.bytes);
         tensor.slices.push_back(std::move(slice));
       }
+      std::vector<Box> boxes;
+      for (const Slice& slice : tensor.slices) boxes.push_back(slice.box);
+      check_disjoint(std::move(boxes), at);
       c.tensors_[name] = std::move(tensor);
     }
     for (const auto& [file, bytes] : needed) {

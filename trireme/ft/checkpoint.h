@@ -12,9 +12,13 @@
 // Slices are boxes of whole-model tensors, so a reader under any layout asks for the
 // boxes it needs and reads only the slices that intersect them.
 //
-// Opening verifies the manifest (format, version, fields), that every file exists, starts
-// with the magic line and is long enough (a truncated file), and optionally every slice's
-// CRC (a flipped byte); any failure is a CheckpointCorrupt naming the file and the check.
+// Opening verifies the manifest (format, version, fields; its step is the directory's
+// name, when that is a number; each slice's box lies inside its tensor, has as many bytes
+// as elements times the element size, and overlaps no other slice of the tensor), that
+// every file exists, starts with the magic line and is long enough (a truncated file), and
+// optionally every slice's CRC (a flipped byte); any failure is a CheckpointCorrupt naming
+// the file and the check. (The manifest has no checksum of its own: these checks are what
+// keeps a damaged one from being read.)
 // find_latest() walks the steps newest first and returns the first that verifies, so a
 // damaged checkpoint falls back to the one before.
 #pragma once
@@ -56,6 +60,8 @@ struct SavedPiece {
   at::Tensor data;
 };
 
+// Whether checkpoints hold tensors of `dtype` (float32, float64, int64 and uint8).
+bool checkpoint_dtype_supported(at::ScalarType dtype);
 // Throws InvalidArgument unless the piece's data has as many elements as its box.
 void check_piece(const SavedPiece& piece);
 // A piece's bytes as written: its data contiguous on the host (a copy only where it is

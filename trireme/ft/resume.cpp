@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 
 #include "trireme/common/error.h"
 #include "trireme/obs/clock.h"
@@ -97,6 +99,45 @@ void restore_generator(const TrainingState& s, const Checkpoint& c) {
     if (!c.has(name)) continue;
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(c.read(name, whole(c.shape(name))));
+  }
+}
+
+// The checkpoint name of buffer NAME as rank `rank` holds it.
+std::string buffer_key(int rank, const std::string& name) { return "buffer/rank" + std::to_string(rank) + "/" + name; }
+
+// The tensor of `c` to restore this rank's buffer NAME from: its own rank's when the mesh
+// that wrote `c` is this one, else the lowest rank's that `c` holds ("" when none).
+std::string buffer_in(const TrainingState& s, const Checkpoint& c, const std::string& name) {
+  const std::string own = buffer_key(s.world->rank(), name);
+  if (c.layout().mesh == s.layout.mesh && c.has(own)) return own;
+  const std::string prefix = "buffer/rank";
+  int lowest = -1;
+  for (const std::string& key : c.names(prefix)) {  // "buffer/rank<R>/NAME"
+    const char* end = key.data() + key.size();
+    int rank = 0;
+    const auto [rest, error] = std::from_chars(key.data() + prefix.size(), end, rank);
+    if (error == std::errc() && std::string_view(rest, static_cast<size_t>(end - rest)) == "/" + name &&
+        (lowest < 0 || rank < lowest))
+      lowest = rank;
+  }
+  return lowest < 0 ? "" : buffer_key(lowest, name);
+}
+
+// Whether `c` holds every buffer of this rank (see buffer_in).
+bool holds_buffers(const TrainingState& s, const Checkpoint& c) {
+  return std::all_of(s.buffers.begin(), s.buffers.end(),
+                     [&](const auto& buffer) { return !buffer_in(s, c, buffer.first).empty(); });
+}
+
+// Restores this rank's buffers from `c`. Throws InvalidArgument when `c` lacks one or
+// holds it with another shape.
+void restore_buffers(const TrainingState& s, const Checkpoint& c) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, buffer] : s.buffers) {
+    const std::string key = buffer_in(s, c, name);
+    TRIREME_CHECK(!key.empty() && c.shape(key) == buffer.sizes().vec(), "checkpoint ", c.dir(),
+                  " does not hold buffer '", name, "' as this model has it: it is of another model");
+    c.read_into(key, whole(c.shape(key)), buffer.detach());
   }
 }
 
@@ -195,6 +236,10 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
   }
   if (part == Part::kReplicaShare)
     pieces.push_back({"share/dp", {2}, whole({2}), at::tensor({static_cast<int64_t>(dp), static_cast<int64_t>(dp_rank)})});
+  for (const auto& [name, buffer] : s.buffers) {  // every rank its own, in every part
+    const std::vector<int64_t> shape = buffer.sizes().vec();
+    pieces.push_back({buffer_key(s.world->rank(), name), shape, whole(shape), buffer.detach()});
+  }
   for (auto& [name, generator] : generators(s)) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     const at::Tensor rng = generator.get_state();  // a CPU byte tensor, also for a GPU's
@@ -249,6 +294,7 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
       parallel::set_adamw_state(*s.adamw, key, it == optimizer.end() ? Optimizer{} : it->second);
     }
   }
+  restore_buffers(s, checkpoint);
   restore_generator(s, checkpoint);
 }
 
@@ -372,25 +418,33 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
     const bool everywhere = lacking[root].item<int64_t>() == 0;
     if (root == s.dp_rank || everywhere) read_share(s, owner, *here[static_cast<size_t>(root)], root, states);
     if (everywhere) continue;
-    std::vector<at::Tensor> tensors;  // of root's share, in order, each flat
+    std::vector<at::Tensor> tensors;  // of root's share, in order
     for (size_t i = 0; i < n; ++i) {
       if (owner[i] != root) continue;
-      const at::Tensor param = s.parameters[i].second.detach();
       const int64_t step = steps[static_cast<int64_t>(i)].item<int64_t>();
-      tensors.push_back(param.reshape(-1));
+      tensors.push_back(s.parameters[i].second.detach());
       if (step > 0) {
-        tensors.push_back(states[i].exp_avg.reshape(-1));
-        tensors.push_back(states[i].exp_avg_sq.reshape(-1));
+        tensors.push_back(states[i].exp_avg);
+        tensors.push_back(states[i].exp_avg_sq);
       }
     }
+    // Back to back in one byte buffer, each at an offset aligned to its element size.
+    const auto aligned = [](int64_t offset, const at::Tensor& t) {
+      const auto element = static_cast<int64_t>(t.element_size());
+      return (offset + element - 1) / element * element;
+    };
     int64_t bytes = 0;
-    for (const at::Tensor& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    for (const at::Tensor& t : tensors) bytes = aligned(bytes, t) + t.numel() * static_cast<int64_t>(t.element_size());
     std::vector<at::Tensor> buffer{at::empty({bytes}, at::TensorOptions(at::kByte).device(device))};
+    // fn(tensor, its slot): the slot a contiguous view of the tensor's dtype and sizes, so
+    // that a copy into the tensor writes it, whatever its strides (a reshape(-1) of a
+    // non-contiguous parameter would be a copy, and the restore would write that).
     const auto each = [&](const auto& fn) {
       int64_t offset = 0;
       for (const at::Tensor& t : tensors) {
+        offset = aligned(offset, t);
         const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
-        fn(t.view(at::kByte), buffer[0].narrow(0, offset, size));
+        fn(t, buffer[0].narrow(0, offset, size).view(t.scalar_type()).view(t.sizes()));
         offset += size;
       }
     };
@@ -402,6 +456,7 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
   }
   for (size_t i = 0; i < n; ++i)
     parallel::set_adamw_state(*s.adamw, s.parameters[i].second.unsafeGetTensorImpl(), states[i]);
+  restore_buffers(s, own);  // every rank's snapshot holds all of its own
   restore_generator(s, own);
 }
 
@@ -694,7 +749,10 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
       }
     }
     const std::vector<const Checkpoint*> chosen = cover(s, opened);
-    const bool covered = !chosen.empty() || s.parameters.empty();
+    const Checkpoint* buffers_from = nullptr;  // the first source with all of this rank's buffers
+    for (const Checkpoint& c : opened)
+      if (!buffers_from && holds_buffers(s, c)) buffers_from = &c;
+    const bool covered = (!chosen.empty() || s.parameters.empty()) && (buffers_from || s.buffers.empty());
     const int64_t donor = reduce_over(s, dp_group, covered ? dp_group->getRank() : kNone, c10d::ReduceOp::MIN);
     if (reduce_over(s, s.world->group(), donor == kNone ? 0 : 1, c10d::ReduceOp::MIN) == 0) {
       bound = step - 1;
@@ -723,6 +781,7 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
         if (c.has("exp_avg/" + name))
           states[p] = {c.read("step/" + name, whole({1})).item<int64_t>(), local("exp_avg"), local("exp_avg_sq")};
       }
+      if (buffers_from) restore_buffers(s, *buffers_from);
     }
     const bool someone_lacks = reduce_over(s, dp_group, covered ? 0 : 1, c10d::ReduceOp::MAX) == 1;
     if (someone_lacks) {
@@ -742,6 +801,11 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
           std::vector<at::Tensor> one{m};
           dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
         }
+      }
+      for (const auto& [name, buffer] : s.buffers) {  // the donor's; a rank that found its own keeps them
+        std::vector<at::Tensor> value{buffer.detach().clone(at::MemoryFormat::Contiguous)};
+        dist::run_collective("state broadcast", [&] { return dp_group->broadcast(value, root); });
+        if (!covered) buffer.detach().copy_(value[0]);
       }
     }
     if (s.zero) {
@@ -802,8 +866,33 @@ bool elastic_from_env() {
 Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                      ResumableOptions options)
     : options_(std::move(options)) {
+  TRIREME_CHECK(options_.keep_checkpoints >= 1, "Resumable: keep_checkpoints must be >= 1, got ",
+                options_.keep_checkpoints);
+  TRIREME_CHECK(options_.checkpoint_every >= 0, "Resumable: checkpoint_every must be >= 0 (0: no checkpoints), got ",
+                options_.checkpoint_every);
+  TRIREME_CHECK(options_.checkpoint_every == 0 || !options_.checkpoint_dir.empty(), "Resumable: checkpoint_every is ",
+                options_.checkpoint_every, " but checkpoint_dir is empty; name the directory to write them to");
+  TRIREME_CHECK(options_.snapshot_every >= -1,
+                "Resumable: snapshot_every must be >= 0, or -1 (every step under --max-restarts), got ",
+                options_.snapshot_every);
+  for (const auto& group : optimizer.param_groups())
+    TRIREME_CHECK(!static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad(),
+                  "Resumable: AdamW's amsgrad is not supported (its max_exp_avg_sq is not saved, so a resume "
+                  "would lose it); use amsgrad(false)");
   state_.world = &world;
-  for (const auto& item : model.named_parameters()) state_.parameters.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_parameters()) {
+    const at::ScalarType dtype = item.value().scalar_type();
+    TRIREME_CHECK(dtype == at::kFloat || dtype == at::kDouble, "Resumable: parameter '", item.key(), "' is ",
+                  c10::toString(dtype), "; snapshots and checkpoints hold float32 and float64 parameters");
+    state_.parameters.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : model.named_buffers()) {
+    if (!item.value().defined()) continue;
+    TRIREME_CHECK(checkpoint_dtype_supported(item.value().scalar_type()), "Resumable: buffer '", item.key(),
+                  "' is ", c10::toString(item.value().scalar_type()),
+                  "; snapshots and checkpoints hold float32, float64, int64 and uint8 tensors");
+    state_.buffers.emplace_back(item.key(), item.value());
+  }
   state_.dp = world.size();
   state_.dp_rank = world.rank();
   state_.adamw = &optimizer;
@@ -814,9 +903,11 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   CheckpointLayout own = state_.layout;
   own.rank = world.rank();
   if (snapshot_every_ > 0) snapshotter_ = std::make_unique<Snapshotter>(snapshot_dir_, own);
-  if (options_.checkpoint_every > 0 && !options_.checkpoint_dir.empty())
+  if (options_.checkpoint_every > 0)
     checkpointer_ = checkpoint_writer(state_, options_.checkpoint_dir, options_.keep_checkpoints);
 }
+
+Resumable::~Resumable() = default;  // each writer's destructor finishes its write in flight
 
 int64_t Resumable::resume() {
   int64_t step = 0;
@@ -826,10 +917,14 @@ int64_t Resumable::resume() {
   else if (world_restarted() && !snapshot_dir_.empty())
     step = load_snapshot(state_, snapshot_dir_);
   if (step == 0 && !options_.checkpoint_dir.empty()) step = load_checkpoint(state_, options_.checkpoint_dir);
+  last_step_ = step;
   return step;
 }
 
 void Resumable::step_done(int64_t steps_done) {
+  TRIREME_CHECK(steps_done > last_step_, "Resumable::step_done(", steps_done, ") after step ", last_step_,
+                ": each call names a later step (the steps done, counted from 0 or from the step resume() returned)");
+  last_step_ = steps_done;
   // The program's next optimizer step is out of sight, so the copies are finished at once:
   // a GPU's are waited for (ft/host_copy.h), host state the writer thread has not copied
   // yet is copied here (ft/snapshot.h).

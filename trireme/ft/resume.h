@@ -3,10 +3,12 @@
 // data-parallel program both in a few lines.
 //
 // Saved, by whole-model name: every parameter ("param/NAME"), AdamW's exp_avg and
-// exp_avg_sq ("exp_avg/NAME", "exp_avg_sq/NAME") and step ("step/NAME"), and each rank's
-// generator states: the CPU's ("rng/cpu/rank<R>") and, when its parameters are on a GPU,
-// that GPU's ("rng/cuda/rank<R>"). A sampler that is a function of the step
-// (data/sampler.h) and a learning-rate schedule of the step need nothing more.
+// exp_avg_sq ("exp_avg/NAME", "exp_avg_sq/NAME") and step ("step/NAME"), each rank's
+// module buffers ("buffer/rank<R>/NAME": running statistics and the like, which
+// data-parallel replicas need not share, since DataParallel broadcasts them only at the
+// start) and each rank's generator states: the CPU's ("rng/cpu/rank<R>") and, when its
+// parameters are on a GPU, that GPU's ("rng/cuda/rank<R>"). A sampler that is a function
+// of the step (data/sampler.h) and a learning-rate schedule of the step need nothing more.
 //
 // In a checkpoint each tensor-parallel rank writes the boxes of its shards (replicated
 // tensors: rank 0 only) and the replicas of a data-parallel group share the work, each
@@ -23,7 +25,9 @@
 // Loading reads, for each of this rank's parameters, the boxes its shard covers under the
 // current layout, whatever layout wrote them, and the same for the optimizer state
 // (handed to the ZeRO pieces when there are some). Generator states are restored when the
-// mesh is the one that wrote them.
+// mesh is the one that wrote them; buffers are this rank's own under that mesh, and else
+// the lowest rank's that the checkpoint holds (any replica's statistics serve, as
+// DataParallel's initial broadcast of rank 0's does).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -51,6 +55,9 @@ struct TrainingState {
   // tensor-parallel group (a name missing from specs is replicated).
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   std::map<std::string, tensor::ShardSpec> specs;
+  // This rank's module buffers by whole-model name, whole on every rank (not split by
+  // tensor parallelism), saved and restored per rank (see above).
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
   int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0;
   // The data-parallel group (its ranks hold the same state); null: the world's group,
   // which it must then be (dp == world size).
@@ -136,6 +143,12 @@ struct ResumableOptions {
 //     ... forward, backward, optimizer.step() ...
 //     resumable.step_done(step + 1);
 //   }
+//   resumable.wait();  // the last checkpoint is written, or its failure thrown
+//
+// Saved: the model's parameters and buffers (each rank its own: running statistics need
+// not agree across replicas), AdamW's state and the generators. A write that fails in the
+// background is thrown by the next step_done() or by wait(); the destructor waits for the
+// writes in flight but cannot report their failure, so call wait() after the last step.
 //
 // Under `trireme run --max-restarts R`, a killed worker makes the agent restart all of
 // them, and resume() then returns the step of the newest in-memory snapshot, bit for bit.
@@ -144,14 +157,27 @@ struct ResumableOptions {
 // (load_from_memory); the program must split its global batch over world.size().
 class Resumable {
  public:
+  // Throws InvalidArgument, before anything is written, for what it cannot save (a
+  // parameter that is not float32 or float64, a buffer of a dtype checkpoints do not
+  // hold, AMSGrad: its max_exp_avg_sq is not saved) and for options that make no sense
+  // (keep_checkpoints < 1, checkpoint_every < 0 or > 0 without a checkpoint_dir,
+  // snapshot_every < -1).
   Resumable(dist::World& world, torch::nn::Module& model, torch::optim::AdamW& optimizer,
             ResumableOptions options = {});
+  // Waits for the writes in flight; their failures are lost (call wait() to see them).
+  ~Resumable();
+  Resumable(Resumable&&) = default;
+  Resumable& operator=(Resumable&&) = default;
   // The step to continue from: after a restart the newest snapshot all ranks hold, else
   // (or if none) the newest good checkpoint in checkpoint_dir, else 0. A collective.
   int64_t resume();
   // Snapshots and checkpoints the state after `steps_done` steps, when due. A collective.
+  // Throws InvalidArgument unless steps_done is above the last step done or resumed at
+  // (a step taken again would rewrite the snapshot holding it); throws the failure of an
+  // earlier background write.
   void step_done(int64_t steps_done);
-  // Waits for the snapshot and checkpoint being written.
+  // Waits for the snapshot and checkpoint being written; throws the first failure of a
+  // background write.
   void wait();
 
  private:
@@ -159,6 +185,7 @@ class Resumable {
   ResumableOptions options_;
   std::string snapshot_dir_;
   int64_t snapshot_every_ = 0;
+  int64_t last_step_ = 0;  // the last step done or resumed at
   std::unique_ptr<Snapshotter> snapshotter_;
   std::unique_ptr<BackgroundWriter> checkpointer_;
 };

@@ -38,6 +38,8 @@ void set_adamw_state(torch::optim::AdamW& optimizer, const void* key, const Adam
 ZeroOptimizer::ZeroOptimizer(DataParallel& dp, int stage, const torch::optim::AdamWOptions& options)
     : dp_(dp), stage_(stage) {
   TRIREME_CHECK(stage == 1 || stage == 2, "--zero ", stage, " is not a ZeRO stage; use 1 or 2");
+  TRIREME_CHECK(!options.amsgrad(), "ZeRO does not support AdamW's amsgrad: its max_exp_avg_sq is neither gathered "
+                "nor saved, so a checkpoint or snapshot would lose it; use amsgrad(false)");
   using Reduction = DataParallelOptions::Reduction;
   TRIREME_CHECK(dp.options().reduction == (stage == 2 ? Reduction::kReduceScatter : Reduction::kAllReduce),
                 "ZeRO-", stage, " needs DataParallel with ",

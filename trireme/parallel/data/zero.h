@@ -53,7 +53,8 @@ class ZeroOptimizer {
  public:
   // `dp` must use Reduction::kReduceScatter for stage 2, kAllReduce for stage 1, and keep
   // its buckets (rebuild_buckets off: what a rank owns must not move). Throws
-  // InvalidArgument otherwise, or for a stage other than 1 or 2.
+  // InvalidArgument otherwise, for a stage other than 1 or 2, or for amsgrad (its
+  // max_exp_avg_sq is neither gathered nor saved).
   ZeroOptimizer(DataParallel& dp, int stage, const torch::optim::AdamWOptions& options);
 
   int stage() const { return stage_; }
