@@ -162,6 +162,24 @@ class PlanTest(unittest.TestCase):
                    check=False)
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("bad-plan.json: layout.micro_batches must be an integer >= 1 (got 0)", proc.stderr)
+        # Integers past an int are refused, not narrowed (4294967298 was read as dp 2,
+        # 4294967296 as zero 0), and chunks only come with an interleaved pipeline.
+        for field, value, message in (
+                ("dp", 4294967298, "layout.dp must be an integer >= 1 and <= 2147483647 (got 4294967298)"),
+                ("zero", 4294967296, "layout.zero must be 0, 1 or 2"),
+                ("chunks", 2, "layout.chunks is 2 but pp is 1")):
+            changed = json.loads(json.dumps(text))
+            changed["layout"]["micro_batches"] = 1  # valid again; each refusal comes before the batch's check
+            changed["layout"][field] = value
+            bad = self.write("bad-plan.json", changed)
+            proc = run(["train", "gpt", "--nproc-per-node", "2", "--plan", bad, "--out", os.path.join(self.dir, "x")],
+                       check=False)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("bad-plan.json: " + message, proc.stderr)
+        huge = self.write("huge-cluster.json", {"groups": [{"device": "A100", "machines": 3000000000}]})
+        proc = run(["plan", "--profile", self.profile, "--cluster", huge], check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("groups[0].machines must be an integer >= 1 and <= 2147483647 (got 3000000000)", proc.stderr)
 
     def test_out_of_range_numbers_are_refused(self):
         # One line each, exit 2, nothing else printed before it.
@@ -170,6 +188,12 @@ class PlanTest(unittest.TestCase):
                  (["--overlap", "-0.5"], "--overlap must be in [0, 1]"),
                  (["--overlap", "nan"], "--overlap expects a finite number, got 'nan'"),
                  (["--global-batch", "8", "--overlap", "inf"], "--overlap expects a finite number, got 'inf'")]
+        # 1073741825 x 4 wraps to 4 in 32 bits: the product is taken in 64. A global batch
+        # past an int is refused before the search (which tried every divisor of it).
+        cases += [(["--local", "4", "--evaluate", "--dp", "1073741825", "--pp", "4", "--global-batch", "1073741825"],
+                   "--dp 1073741825 x --tp 1 x --pp 4 does not make the cluster's 4 devices"),
+                  (["--global-batch", "4294967296"], "--global-batch must be from 1 to 2147483647 sequences"),
+                  (["--evaluate", "--micro-batches", "4294967296"], "--micro-batches and --global-batch must be")]
         for flags, message in cases:
             proc = run(["plan", *model, *flags], check=False, timeout=60)
             lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
@@ -213,6 +237,28 @@ class PlanTest(unittest.TestCase):
             self.skipTest("no recorded traces beside the repository")
         out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--trace", trace]).stdout
         self.assertIn("p3-trace.csv, 11.37 h", out)
+
+    def test_simulate_replans_where_the_fixed_layout_cannot_run(self):
+        """A count trace dropping to 1 machine under a pp 2 plan: the fixed layout cannot run
+        on 1 machine (memory waits), a re-planned one can (memory-replan keeps training)."""
+        cluster = self.write("spot-pp.json", {"groups": [
+            {"name": "spot", "device": "V100", "machines": 2, "devices_per_machine": 1, "inter_bandwidth_gbps": 25,
+             "price_per_hour": 0.9, "spot": True, "preemptions_per_hour": 0.2}]})
+        model = ["--analytic", "V100", "--layers", "4", "--dim", "256", "--heads", "4", "--seq", "128"]
+        plan = os.path.join(self.dir, "spot-pp-plan.json")
+        run(["plan", *model, "--cluster", cluster, "--global-batch", "8", "--evaluate", "--pp", "2",
+             "--micro-batches", "4", "--out", plan])
+        # 2 machines for an hour, 1 for an hour, 2 again for an hour (t in ms, count after).
+        trace = self.write("drop-to-one.csv", "0,2\n3600000,1\n7200000,2\n10800000,1\n")
+        out = run(["simulate", "--plan", plan, "--cluster", cluster, *model, "--trace", trace,
+                   "--trace-format", "count"]).stdout
+        header = next(l.split() for l in out.splitlines() if l.startswith("policy"))
+        self.assertEqual(header[-2:], ["idle", "(h)"], out)
+        idle = {l.split()[0]: float(l.split()[-1]) for l in out.splitlines()
+                if l.split() and l.split()[0] in ("disk-restart", "memory", "memory-replan")}
+        self.assertAlmostEqual(idle["memory"], 1.0, places=2, msg=out)
+        self.assertLess(idle["memory-replan"], idle["memory"], out)
+        self.assertEqual(idle["memory-replan"], 0.0, out)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,20 @@ TEST(PlanProfile, JsonRoundTripAndBadFieldNamesItsPath) {
               std::string::npos)
         << e.what();
   }
+  // An integer past an int is refused, not narrowed (4294967298 read as 2).
+  text = to_json(p);
+  const std::string world = "\"world\": 2";
+  ASSERT_NE(text.find(world), std::string::npos);
+  text.replace(text.find(world), world.size(), "\"world\": 4294967298");
+  try {
+    parse_profile(text, "p.json");
+    FAIL() << "allreduce.world 4294967298 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("p.json: allreduce.world must be an integer >= 2 and <= 2147483647 "
+                                         "(got 4294967298)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(PlanCluster, ReadsCatalogDevicesAndOverrides) {
@@ -123,6 +137,13 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
   EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1, "gpus": 8}]})").find("groups[0].gpus is not a known field"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"groups": [)").find("c.json: not valid JSON"), std::string::npos);
+  // Counts are ints: 3000000000 machines is refused, not narrowed; so is a product past one.
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 3000000000}]})")
+                .find("c.json: groups[0].machines must be an integer >= 1 and <= 2147483647 (got 3000000000)"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 65536, "devices_per_machine": 65536}]})")
+                .find("c.json: groups[0].machines x devices_per_machine takes the cluster past 2147483647 devices"),
+            std::string::npos);
   // Machines of catalog devices talk over a network the file must describe.
   EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 1, "inter_bandwidth_gbps": 100},
                                     {"device": "V100", "machines": 1}]})")
@@ -275,6 +296,33 @@ TEST(PlanCostModel, TensorParallelActivationsKeepTheReplicatedPart) {
   EXPECT_NEAR(estimate(p, c, l).stages[0].activation_bytes, 4 * 70.0, 1e-9);
 }
 
+// tp's modelled all-reduces carry the profile's activation elements: 2 bytes in the
+// analytic (16-bit) profile, not fp32's 4. One A100 machine, tp 8 (a ring over NVLink, 5 us
+// and 300 GB/s a step): per micro-batch, two (b,T,C) all-reduces in each block's forward
+// and two in its backward, one in the embeddings', the head's input gradient, and the
+// loss's two (b,T) ones.
+TEST(PlanCostModel, TensorParallelAllReducesUseTheProfilesElementSize) {
+  models::GptConfig m;
+  m.layers = 4;
+  m.dim = 1024;
+  m.heads = 16;
+  m.seq_len = 1024;
+  m.vocab = 50304;
+  const Profile p = analytic_profile(m, "A100", 312, 0.5);
+  const Cluster c = parse_cluster(R"({"groups": [{"device": "A100", "machines": 1, "devices_per_machine": 8}]})", "c");
+  Layout l;
+  l.tp = 8;
+  l.micro_batches = 3;
+  l.micro_batch_size = 2;
+  l.split = {{0, 6}};
+  for (int t = 0; t < 8; ++t) l.ranks.push_back({0, 0, t});
+  auto ring = [](double bytes) { return 2.0 * 7 * (5e-6 + bytes / 8 / 300e9); };
+  const double tokens = 2.0 * 1024;
+  const double hidden = ring(tokens * 1024 * 2), small = ring(tokens * 2);
+  const double expected = 3 * ((4 * 4 + 1 + 1) * hidden + 2 * small);
+  EXPECT_NEAR(estimate(p, c, l).tp_comm_s, expected, expected * 1e-12);
+}
+
 // Clipping all-reduces the gradient norm over the stages before any optimizer step: the
 // step is the last stage's gradients, then the slowest optimizer; a stage that finishes
 // early does not hide its optimizer in the others' tail (before, the step was the maximum
@@ -388,6 +436,38 @@ TEST(PlanSearch, ThousandDevicesArePlannedWithPruning) {
               static_cast<long long>(r.pruned), r.search_s);
 }
 
+// The example clusters carry their instances' GPU memory: p3.2xlarge's and p3.16xlarge's
+// V100s have 16 GB, p4d's A100s 40 GB. GPT 1.3B on 32 p3.2xlarge: its 1.3B parameters
+// with mixed-precision AdamW state (16 bytes each, 21 GB) fit no 16 GiB device whole, so
+// neither the chosen layout nor any runner-up keeps them unsharded on one device.
+TEST(PlanCluster, ExampleClustersHaveTheirInstancesMemory) {
+  std::string root = __FILE__;
+  root = root.substr(0, root.rfind("tests/unit/"));
+  const Cluster p3 = read_cluster(root + "examples/clusters/p3-spot.json");
+  const Cluster mixed = read_cluster(root + "examples/clusters/a100-v100.json");
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(p3.groups[0].memory_bytes, 16 * kGiB);
+  EXPECT_DOUBLE_EQ(mixed.groups[0].memory_bytes, 40 * kGiB);
+  EXPECT_DOUBLE_EQ(mixed.groups[1].memory_bytes, 16 * kGiB);
+  models::GptConfig m;
+  m.layers = 24;
+  m.dim = 2048;
+  m.heads = 16;
+  m.seq_len = 2048;
+  m.vocab = 50304;
+  const Profile profile = analytic_profile(m, "V100-16GB", 125, 0.5);
+  SearchOptions o;
+  o.global_batch = 256;
+  o.runners_up = 100;
+  const SearchResult r = search(profile, p3, o);
+  std::vector<Candidate> all{r.best};
+  for (const auto& [c, why] : r.runners_up) all.push_back(c);
+  for (const Candidate& c : all) {
+    EXPECT_LE(c.estimate.peak_memory_bytes(), 16 * kGiB * 0.9) << describe(c.layout);
+    EXPECT_FALSE(c.layout.zero == 0 && c.layout.pp == 1 && c.layout.tp == 1) << describe(c.layout);
+  }
+}
+
 TEST(PlanFile, RoundTripCarriesTheLayoutAndTheEmulatedSlowdown) {
   Profile p = uniform_profile(6);
   const Cluster c = parse_cluster(R"({"groups": [
@@ -472,6 +552,66 @@ TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
             std::string::npos);
   EXPECT_NE(error_of("\"pp\": 1", "\"pp\": 1, \"schedule\": \"1f1b\"").find("layout.schedule is given but pp is 1"),
             std::string::npos);
+  // Integers past an int are refused, not narrowed (4294967298 read as 2, 4294967296 as 0),
+  // and so is a product of ranks past one.
+  EXPECT_NE(error_of("\"dp\": 2", "\"dp\": 4294967298")
+                .find("plan.json: layout.dp must be an integer >= 1 and <= 2147483647 (got 4294967298)"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"zero\": 0", "\"zero\": 4294967296").find("plan.json: layout.zero must be 0, 1 or 2"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"tp\": 1", "\"tp\": 2147483647")
+                .find("plan.json: layout dp 2 x tp 2147483647 x pp 1 is more than 2147483647 ranks"),
+            std::string::npos);
+  // Chunks need an interleaved pipeline: not pp 1, not another schedule.
+  EXPECT_NE(error_of("\"chunks\": 1", "\"chunks\": 2").find("plan.json: layout.chunks is 2 but pp is 1"),
+            std::string::npos);
+  Candidate piped;
+  piped.layout = pipeline_layout(c, 2, pipeline::ScheduleKind::kOneFOneB, 2, {{0, 2}, {2, 4}});
+  piped.layout.micro_batch_size = 4;
+  piped.estimate = estimate(p, c, piped.layout);
+  std::string text = to_json(make_plan(p, c, piped));
+  const std::string one_chunk = "\"chunks\": 1";
+  text.replace(text.find(one_chunk), one_chunk.size(), "\"chunks\": 2");
+  try {
+    parse_plan(text, "plan.json");
+    ADD_FAILURE() << "chunks 2 under 1f1b was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.json: layout.chunks is 2 but schedule 1f1b runs one chunk per stage"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The global batch is bounded (a micro-batch's size is an int) and m runs over
+// 1..max_micro_batches, not over every divisor of the batch: 2^33 sequences are refused
+// with the flag named, and 2147483646 (= 2 x 3^2 x 7 x 11 x 31 x 151 x 331) is searched at
+// once, each layout's m x b making the batch.
+TEST(PlanSearch, HugeGlobalBatchIsBoundedAndItsMicroBatchCountsAreFew) {
+  const Profile p = uniform_profile(2);
+  const Cluster c = local_cluster(2);
+  SearchOptions o;
+  o.global_batch = int64_t{1} << 33;
+  try {
+    search(p, c, o);
+    FAIL() << "a global batch of 2^33 was searched";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("(--global-batch) must be from 1 to 2147483647 sequences, got 8589934592"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(best_per_size(p, parse_cluster(R"({"groups": [{"device": "cpu", "relative_speed": 1,
+                                                "memory_gib": 16, "machines": 2}]})", "c"), o, 2),
+               InvalidArgument);
+  o.global_batch = 2147483646;
+  o.runners_up = 100;
+  const SearchResult r = search(p, c, o);
+  std::vector<Candidate> all{r.best};
+  for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
+  for (const Candidate& candidate : all) {
+    const Layout& l = candidate.layout;
+    EXPECT_LE(l.micro_batches, o.max_micro_batches) << describe(l);
+    EXPECT_EQ(int64_t{l.micro_batches} * l.micro_batch_size * l.dp, o.global_batch) << describe(l);
+  }
 }
 
 // What the planner emits, `trireme train` runs: every family it ranks on 8 ranks passes

@@ -59,12 +59,15 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   TRIREME_CHECK(static_cast<int64_t>(l.tp) * l.pp <= world, "--tp ", l.tp, " x --pp ", l.pp,
                 " needs more devices than the cluster's ", world, "; choose sizes whose product divides ", world);
   l.dp = f.dp > 0 ? f.dp : world / (l.tp * l.pp);
-  TRIREME_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ", l.pp,
-                " does not make the cluster's ", world, " devices; choose sizes whose product is ", world);
+  // (In 64 bits: tp x pp is at most the cluster's devices, an int, and so is dp.)
+  TRIREME_CHECK(l.dp >= 1 && int64_t{l.dp} * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ",
+                l.pp, " does not make the cluster's ", world, " devices; choose sizes whose product is ", world);
   l.chunks = f.chunks;
   l.zero = f.zero;
+  TRIREME_CHECK(f.micro_batches >= 1 && f.micro_batches <= plan::kMaxGlobalBatch && f.global_batch >= 1,
+                "--micro-batches and --global-batch must be at least 1 (and --micro-batches at most ",
+                plan::kMaxGlobalBatch, ")");
   l.micro_batches = static_cast<int>(f.micro_batches);
-  TRIREME_CHECK(l.micro_batches >= 1 && f.global_batch >= 1, "--micro-batches and --global-batch must be at least 1");
   if (!f.replica_batches.empty()) {
     // The runtime's rules and errors for --replica-batches.
     TrainOptions train;
@@ -77,7 +80,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
     l.micro_batch_size = *std::max_element(l.replica_micro_batch_sizes.begin(), l.replica_micro_batch_sizes.end());
   } else {
     TRIREME_CHECK(f.global_batch % (int64_t{l.dp} * l.micro_batches) == 0, "--global-batch ", f.global_batch,
-                  " is not divisible by dp x --micro-batches = ", l.dp * l.micro_batches);
+                  " is not divisible by dp x --micro-batches = ", int64_t{l.dp} * l.micro_batches);
     l.micro_batch_size = static_cast<int>(f.global_batch / (l.dp * l.micro_batches));
   }
   if (l.pp > 1) l.schedule = pipeline::parse_schedule(f.schedule.empty() ? "1f1b" : f.schedule);
@@ -224,6 +227,8 @@ int plan_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(f.cluster.empty() != (f.local == 0),
                 "give exactly one of --cluster FILE and --local N (N ranks of this machine)");
   TRIREME_CHECK(f.runners_up >= 0, "--runners-up must be >= 0");
+  TRIREME_CHECK(f.global_batch >= 1 && f.global_batch <= plan::kMaxGlobalBatch, "--global-batch must be from 1 to ",
+                plan::kMaxGlobalBatch, " sequences, got ", f.global_batch);
   TRIREME_CHECK(f.trials.candidates >= 0, "--measure-top must be >= 0 (0: choose by the cost model alone)");
   TRIREME_CHECK(f.trials.candidates == 0 || !f.evaluate,
                 "--measure-top chooses among searched layouts; it does not combine with --evaluate");

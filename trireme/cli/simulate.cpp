@@ -138,8 +138,9 @@ int simulate_main(const std::vector<std::string>& args) {
   const std::vector<plan::Candidate> best = plan::best_per_size(profile, cluster, options, max_machines);
   for (int n = 1; n <= max_machines; ++n)
     r.replanned_samples_per_s[n] = best[n].estimate.step_s > 0 ? best[n].estimate.samples_per_s(p.global_batch) : 0;
+  // Each policy runs where its own table has a rate (a zero rate is what gates it): the
+  // fixed layout's smallest size says nothing about what a re-planned layout runs on.
   r.min_nodes = 1;
-  while (r.min_nodes <= max_machines && r.fixed_samples_per_s[r.min_nodes] == 0) ++r.min_nodes;
   r.price_per_node_hour = g.price_per_hour;
   r.step_s = p.predicted_step_s > 0 ? p.predicted_step_s : 1;
   TRIREME_CHECK(r.checkpoint_every_s >= r.step_s, "--checkpoint-every-s ", r.checkpoint_every_s,
@@ -162,12 +163,12 @@ int simulate_main(const std::vector<std::string>& args) {
               p.dp, p.tp, p.pp, static_cast<long long>(p.global_batch), state_bytes / 1e9, r.detect_s, r.restart_s,
               r.disk_load_s, r.memory_load_s, r.checkpoint_every_s);
   const std::vector<plan::PolicyResult> results = plan::replay_all(trace, r);
-  std::printf("%-14s %14s %12s %16s %11s %11s %9s %9s\n", "policy", "samples/hour", "cost", "cost/M samples",
-              "down (h)", "lost (h)", "restarts", "fallback");
+  std::printf("%-14s %14s %12s %16s %11s %11s %9s %9s %11s\n", "policy", "samples/hour", "cost", "cost/M samples",
+              "down (h)", "lost (h)", "restarts", "fallback", "idle (h)");
   for (const plan::PolicyResult& res : results)
-    std::printf("%-14s %14.0f %12.2f %16.3f %11.2f %11.2f %9d %9d\n", plan::policy_name(res.policy),
+    std::printf("%-14s %14.0f %12.2f %16.3f %11.2f %11.2f %9d %9d %11.2f\n", plan::policy_name(res.policy),
                 res.goodput_per_hour, res.cost, res.cost_per_million_samples, res.downtime_s / 3600,
-                res.work_lost_s / 3600, res.restarts, res.disk_fallbacks);
+                res.work_lost_s / 3600, res.restarts, res.disk_fallbacks, res.idle_s / 3600);
   if (!f.out.empty()) {
     std::vector<obs::Series> series;
     for (const plan::PolicyResult& res : results) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "trireme/common/error.h"
 #include "trireme/plan/json_reader.h"
@@ -65,8 +66,8 @@ MachineGroup read_group(const Field& f) {
   MachineGroup g;
   g.device = f.at("device").str();
   g.name = f.str_or("name", g.device);
-  g.machines = static_cast<int>(f.at("machines").integer(1));
-  g.devices_per_machine = static_cast<int>(f.integer_or("devices_per_machine", 1, 1));
+  g.machines = f.at("machines").bounded(1);
+  g.devices_per_machine = f.bounded_or("devices_per_machine", 1, 1);
   const DeviceSpec* known = nullptr;
   for (const DeviceSpec& d : device_catalog())
     if (d.name == g.device) known = &d;
@@ -112,7 +113,15 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   root.only({"name", "groups", "about"});
   Cluster c;
   c.name = root.str_or("name", origin);
-  for (const Field& g : root.at("groups").items()) c.groups.push_back(read_group(g));
+  // Device counts are ints (ranks): the cluster's total must be one.
+  int64_t devices = 0;
+  for (const Field& g : root.at("groups").items()) {
+    c.groups.push_back(read_group(g));
+    devices += int64_t{c.groups.back().machines} * c.groups.back().devices_per_machine;
+    if (devices > std::numeric_limits<int>::max())
+      g.at("machines").fail("x devices_per_machine takes the cluster past " +
+                            std::to_string(std::numeric_limits<int>::max()) + " devices");
+  }
   if (c.groups.empty()) root.at("groups").fail("is empty; describe at least one group of machines");
   // Traffic between machines of catalog devices needs the network's figures: without them
   // the profile's own (this machine's loopback) link would stand in for it.

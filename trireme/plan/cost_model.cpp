@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -285,6 +286,14 @@ double tp_activation_bytes(const LayerProfile& layer, double b, int tp) {
   return whole / tp;
 }
 
+// Bytes of one activation element: the embeddings' (b,T,C) output over its elements, 4
+// (fp32) when the profile has no output sizes.
+double tp_element_bytes(const Profile& profile, double b) {
+  const double elements = b * profile.model.seq_len * profile.model.dim;
+  const double bytes = profile.layers.empty() ? 0 : layer_output_bytes(profile.layers.front(), b);
+  return bytes > 0 && elements > 0 ? bytes / elements : 4.0;
+}
+
 // One replica's pipeline on its own devices at its own micro-batch size: the instruction
 // times the replay needs, the tensor-parallel collectives modelled per stage and the
 // longest boundary transfer.
@@ -332,10 +341,13 @@ ReplicaPipeline replica_pipeline(const Profile& profile, const Cluster& cluster,
         // (b,T,C) output of attention and of the MLP in forward and their input gradients
         // in backward; the vocabulary-parallel embedding all-reduces its output; the head's
         // column-parallel input gradient is all-reduced in backward, and its
-        // vocabulary-parallel loss all-reduces two (b,T) tensors in forward.
-        const double hidden = b * profile.model.seq_len * profile.model.dim * 4.0;
-        const double hidden_t = allreduce_time(profile, cluster, tp_members, hidden);
-        const double small_t = allreduce_time(profile, cluster, tp_members, b * profile.model.seq_len * 4.0);
+        // vocabulary-parallel loss all-reduces two (b,T) tensors in forward. All of them in
+        // the activations' type, which the embeddings' (b,T,C) output gives (2-byte
+        // elements in a 16-bit profile); fp32 where a profile lacks it.
+        const double tokens = b * profile.model.seq_len;
+        const double element = tp_element_bytes(profile, b);
+        const double hidden_t = allreduce_time(profile, cluster, tp_members, tokens * profile.model.dim * element);
+        const double small_t = allreduce_time(profile, cluster, tp_members, tokens * element);
         for (int l = range.begin; l < range.end; ++l) {
           const std::string& name = profile.layers[l].name;
           if (name.rfind("h.", 0) == 0) {
@@ -408,6 +420,14 @@ std::vector<int> replica_key(const Layout& layout, int r, const BoundarySharing&
 }
 
 }  // namespace
+
+int world_size(int dp, int tp, int pp) {
+  int64_t w = int64_t{dp} * tp;  // below 2^62 in magnitude, and so is w * pp while w fits an int
+  const int64_t most = std::numeric_limits<int>::max();
+  if (w >= -most && w <= most) w *= pp;
+  TRIREME_CHECK(w >= -most && w <= most, "dp ", dp, " x tp ", tp, " x pp ", pp, " is more than ", most, " ranks");
+  return static_cast<int>(w);
+}
 
 Estimate estimate(const Profile& profile, const Cluster& cluster, const Layout& layout,
                   const CostOptions& options) {

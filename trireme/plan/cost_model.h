@@ -20,7 +20,8 @@
 //      by the device's speed and, at tp > 1, the profile's times measured at that tp (its
 //      collectives included) or else the tp=1 times divided by tp plus tp's all-reduces
 //      (two (b,T,C) ones in each block's forward and two in its backward, one in the
-//      embeddings' forward, the head's input gradient, the loss's two small ones). Each
+//      embeddings' forward, the head's input gradient, the loss's two small ones; elements
+//      as large as the embeddings' output's: 2 bytes in a 16-bit profile). Each
 //      replica is replayed on its own devices at its own b (identical replicas once);
 //      synchronous training waits for the slowest. pp 1 is the same replay with one
 //      stage (m micro-batches of accumulation).
@@ -39,10 +40,13 @@
 //      and the two scalar all-reduces every step ends with (gradient norm, loss).
 // Step time = the slowest stage's (1) + exposed (2) + (3).
 //
-// Memory per device = parameters + gradients (ZeRO 2: /dp; dp > 1 without ZeRO-2 adds
-// DataParallel's gradient-sized bucket buffers) + optimizer state (ZeRO 1/2: /dp), all
-// /tp, + the peak of live activation bytes in the same replay (a micro-batch's from its F
+// Memory per device = parameters + gradients + optimizer state (ZeRO 1/2: /dp), all /tp,
+// + the peak of live activation bytes in the same replay (a micro-batch's from its F
 // to its B, or to its W under a split backward, whose W still needs the saved inputs).
+// Gradients at the peak: a whole copy (they accumulate whole across micro-batches) and,
+// with dp > 1, beside it DataParallel's gradient-sized bucket buffers (a second whole
+// copy) or, under ZeRO 2, the 1/dp shards it keeps (its packed reduce-scatter buffer
+// holds the whole copy until the end of backward): ZeRO 2 does not divide the peak by dp.
 // Over the device's memory (less a reserve) the layout does not fit, and the estimate
 // says why. Cross-machine traffic of the tp ranks' concurrent data-parallel groups shares
 // the machines' network.
@@ -68,6 +72,10 @@ inline bool same_machine(const DeviceSlot& a, const DeviceSlot& b) {
   return a.group == b.group && a.machine == b.machine;
 }
 
+// dp x tp x pp, multiplied in 64 bits: throws InvalidArgument when that is more ranks
+// than an int holds (sizes read from files and flags are ints each, their product not).
+int world_size(int dp, int tp, int pp);
+
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;  // pp > 1
@@ -82,7 +90,7 @@ struct Layout {
   std::vector<pipeline::LayerRange> split;  // pp*chunks parts, in virtual-stage order
   std::vector<DeviceSlot> ranks;            // dp*tp*pp, by rank
 
-  int world() const { return dp * tp * pp; }
+  int world() const { return world_size(dp, tp, pp); }
   int micro_batch_size_of(int replica) const {
     return replica_micro_batch_sizes.empty() ? micro_batch_size : replica_micro_batch_sizes[replica];
   }

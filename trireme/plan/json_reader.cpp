@@ -74,9 +74,21 @@ double Field::non_negative() const {
 }
 
 int64_t Field::integer(int64_t min_value) const {
-  if (!value_->is_number_integer() || value_->get<int64_t>() < min_value)
-    fail("must be an integer >= " + std::to_string(min_value) + " (got " + shown() + ")");
+  // (An unsigned value past int64's range would read back negative.)
+  const bool too_large = value_->is_number_unsigned() &&
+                         value_->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (!value_->is_number_integer() || too_large || value_->get<int64_t>() < min_value)
+    fail("must be an integer >= " + std::to_string(min_value) + (too_large ? " that fits in 64 bits" : "") +
+         " (got " + shown() + ")");
   return value_->get<int64_t>();
+}
+
+int Field::bounded(int64_t min_value, int64_t max_value) const {
+  const int64_t value = integer(min_value);
+  if (value > max_value)
+    fail("must be an integer >= " + std::to_string(min_value) + " and <= " + std::to_string(max_value) + " (got " +
+         shown() + ")");
+  return static_cast<int>(value);
 }
 
 std::string Field::str_or(const std::string& key, const std::string& fallback) const {
@@ -90,6 +102,9 @@ double Field::non_negative_or(const std::string& key, double fallback) const {
 }
 int64_t Field::integer_or(const std::string& key, int64_t min_value, int64_t fallback) const {
   return has(key) ? at(key).integer(min_value) : fallback;
+}
+int Field::bounded_or(const std::string& key, int64_t min_value, int fallback) const {
+  return has(key) ? at(key).bounded(min_value) : fallback;
 }
 bool Field::boolean_or(const std::string& key, bool fallback) const {
   return has(key) ? at(key).boolean() : fallback;
@@ -126,7 +141,7 @@ models::GptConfig read_model(const Field& f) {
   models::GptConfig m;
   m.vocab = f.at("vocab").integer(1);
   m.seq_len = f.at("seq_len").integer(1);
-  m.layers = f.at("layers").integer(1);
+  m.layers = f.at("layers").bounded(1, std::numeric_limits<int>::max() - 2);  // + embeddings and head
   m.dim = f.at("dim").integer(1);
   m.heads = f.at("heads").integer(1);
   m.mlp_ratio = f.integer_or("mlp_ratio", 1, 4);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,15 @@ class Field {
   double positive() const;      // > 0
   double non_negative() const;  // >= 0
   int64_t integer(int64_t min_value) const;
+  // An integer that the reader keeps in an int: in [min_value, max_value], or the error
+  // names the field ("layout.dp must be an integer >= 1 and <= 2147483647 (got ...)").
+  int bounded(int64_t min_value, int64_t max_value = std::numeric_limits<int>::max()) const;
 
   std::string str_or(const std::string& key, const std::string& fallback) const;
   double positive_or(const std::string& key, double fallback) const;
   double non_negative_or(const std::string& key, double fallback) const;
   int64_t integer_or(const std::string& key, int64_t min_value, int64_t fallback) const;
+  int bounded_or(const std::string& key, int64_t min_value, int fallback) const;
   bool boolean_or(const std::string& key, bool fallback) const;
 
   // Throws InvalidArgument "ORIGIN: PATH <problem>".

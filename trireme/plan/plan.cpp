@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "trireme/common/error.h"
@@ -97,11 +98,19 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   const Field l = root.at("layout");
   l.only({"dp", "tp", "pp", "schedule", "chunks", "micro_batches", "micro_batch_size", "replica_micro_batch_sizes",
           "zero", "pp_split"});
-  p.dp = static_cast<int>(l.at("dp").integer(1));
-  p.tp = static_cast<int>(l.at("tp").integer(1));
-  p.pp = static_cast<int>(l.at("pp").integer(1));
-  p.chunks = static_cast<int>(l.integer_or("chunks", 1, 1));
-  p.micro_batches = static_cast<int>(l.at("micro_batches").integer(1));
+  p.dp = l.at("dp").bounded(1);
+  p.tp = l.at("tp").bounded(1);
+  p.pp = l.at("pp").bounded(1);
+  p.chunks = l.bounded_or("chunks", 1, 1);
+  p.micro_batches = l.at("micro_batches").bounded(1);
+  const int64_t dp_tp = int64_t{p.dp} * p.tp;
+  if (dp_tp > std::numeric_limits<int>::max() || dp_tp * p.pp > std::numeric_limits<int>::max())
+    l.fail("dp " + std::to_string(p.dp) + " x tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) +
+           " is more than " + std::to_string(std::numeric_limits<int>::max()) + " ranks");
+  // Chunks are the interleaved schedule's model chunks per stage (pipeline::validate's rule).
+  if (p.chunks > 1 && p.pp == 1)
+    l.at("chunks").fail("is " + std::to_string(p.chunks) + " but pp is 1; chunks need a pipeline (pp 2 or more, "
+                        "schedule interleaved) or chunks 1");
   int64_t per_step = 0;  // sequences of one micro-batch of every replica
   if (l.has("replica_micro_batch_sizes")) {
     if (l.has("micro_batch_size"))
@@ -111,23 +120,34 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
       l.at("replica_micro_batch_sizes").fail("lists " + std::to_string(sizes.size()) + " replicas but dp is " +
                                              std::to_string(p.dp));
     for (const Field& f : sizes) {
-      p.replica_micro_batch_sizes.push_back(static_cast<int>(f.integer(1)));
+      p.replica_micro_batch_sizes.push_back(f.bounded(1));
       per_step += p.replica_micro_batch_sizes.back();
     }
     p.micro_batch_size = *std::max_element(p.replica_micro_batch_sizes.begin(), p.replica_micro_batch_sizes.end());
   } else {
-    p.micro_batch_size = static_cast<int>(l.at("micro_batch_size").integer(1));
+    p.micro_batch_size = l.at("micro_batch_size").bounded(1);
     per_step = int64_t{p.dp} * p.micro_batch_size;
   }
-  p.zero = static_cast<int>(l.integer_or("zero", 0, 0));
-  if (p.zero > 2) l.at("zero").fail("must be 0, 1 or 2");
+  const int64_t zero = l.integer_or("zero", 0, 0);
+  if (zero > 2) l.at("zero").fail("must be 0, 1 or 2");
+  p.zero = static_cast<int>(zero);
   if (p.pp > 1) {
     p.schedule = l.at("schedule").str();
+    pipeline::ScheduleKind kind = pipeline::ScheduleKind::kOneFOneB;
     try {
-      pipeline::parse_schedule(p.schedule);
+      kind = pipeline::parse_schedule(p.schedule);
     } catch (const InvalidArgument& e) {
       l.at("schedule").fail(std::string("is not a schedule: ") + e.what());
     }
+    if (p.chunks > 1 && kind != pipeline::ScheduleKind::kInterleaved)
+      l.at("chunks").fail("is " + std::to_string(p.chunks) + " but schedule " + p.schedule +
+                          " runs one chunk per stage; use schedule interleaved or chunks 1");
+    if (kind == pipeline::ScheduleKind::kInterleaved && p.micro_batches % p.pp != 0)
+      l.at("micro_batches").fail("is " + std::to_string(p.micro_batches) + " but schedule interleaved needs a "
+                                 "multiple of pp " + std::to_string(p.pp));
+    if (int64_t{p.pp} * p.chunks > p.model.layers + 2)
+      l.at("chunks").fail("x pp is " + std::to_string(int64_t{p.pp} * p.chunks) + " virtual stages but the model has " +
+                          std::to_string(p.model.layers + 2) + " layers (embeddings, blocks, head)");
     p.pp_split = l.at("pp_split").str();
     try {
       pipeline::parse_split(p.pp_split, static_cast<int>(p.model.layers + 2), p.pp * p.chunks);
@@ -137,11 +157,17 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   } else if (l.has("schedule") || l.has("pp_split")) {
     l.at(l.has("schedule") ? "schedule" : "pp_split").fail("is given but pp is 1; drop it or set pp");
   }
-  if (per_step * p.micro_batches != p.global_batch)
+  // (per_step, up to dp x INT_MAX, times micro_batches can pass int64: compared by division.)
+  if (p.global_batch % p.micro_batches != 0 || p.global_batch / p.micro_batches != per_step) {
+    int64_t product = 0;
     root.at("global_batch").fail("is " + std::to_string(p.global_batch) + " but micro_batches x " +
                                  (p.replica_micro_batch_sizes.empty() ? "dp x micro_batch_size"
                                                                       : "the sum of replica_micro_batch_sizes") +
-                                 " = " + std::to_string(per_step * p.micro_batches));
+                                 " = " +
+                                 (__builtin_mul_overflow(per_step, int64_t{p.micro_batches}, &product)
+                                      ? "more than " + std::to_string(std::numeric_limits<int64_t>::max())
+                                      : std::to_string(product)));
+  }
   const std::vector<Field> ranks = root.at("ranks").items();
   if (static_cast<int>(ranks.size()) != p.world())
     root.at("ranks").fail("lists " + std::to_string(ranks.size()) + " ranks but dp x tp x pp = " +
@@ -150,11 +176,11 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
     const Field& f = ranks[i];
     f.only({"rank", "group", "machine", "device", "speed", "emulated_slowdown"});
     PlanRank r;
-    r.rank = static_cast<int>(f.at("rank").integer(0));
+    r.rank = f.at("rank").bounded(0);
     if (r.rank != static_cast<int>(i)) f.at("rank").fail("must be " + std::to_string(i) + " (ranks in order)");
     r.group = f.str_or("group", "");
-    r.machine = static_cast<int>(f.integer_or("machine", 0, 0));
-    r.device = static_cast<int>(f.integer_or("device", 0, 0));
+    r.machine = f.bounded_or("machine", 0, 0);
+    r.device = f.bounded_or("device", 0, 0);
     r.speed = f.positive_or("speed", 1);
     r.emulated_slowdown = f.positive_or("emulated_slowdown", 1);
     if (r.emulated_slowdown < 1) f.at("emulated_slowdown").fail("must be >= 1 (a factor compute is slowed by)");
@@ -172,7 +198,7 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
     const Field me = root.at("measured");
     me.only({"step_s", "candidates"});
     p.measured_step_s = me.at("step_s").positive();
-    p.measured_candidates = static_cast<int>(me.at("candidates").integer(1));
+    p.measured_candidates = me.at("candidates").bounded(1);
   }
   return p;
 }

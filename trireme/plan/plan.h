@@ -59,7 +59,7 @@ struct Plan {
   double measured_step_s = 0;
   int measured_candidates = 0;
 
-  int world() const { return dp * tp * pp; }
+  int world() const { return world_size(dp, tp, pp); }
 };
 
 Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& chosen);

@@ -190,13 +190,13 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
              "p2p", "allreduce", "overlap", "repeats", "layers", "whole_model", "training_step",
              "pipeline_step"});
   Profile p;
-  p.format = static_cast<int>(root.at("format").integer(1));
+  p.format = root.at("format").bounded(1);
   if (p.format != 1) root.at("format").fail("is " + std::to_string(p.format) +
                                             "; this trireme reads format 1: re-run trireme profile");
   p.source = root.str_or("source", p.source);
   p.device = root.str_or("device", p.device);
   p.reference_tflops = root.at("reference_tflops").positive();
-  p.threads = static_cast<int>(root.integer_or("threads", 1, 1));
+  p.threads = root.bounded_or("threads", 1, 1);
   p.model = read_model(root.at("model"));
   if (root.has("state_bytes")) {
     const Field s = root.at("state_bytes");
@@ -206,10 +206,10 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   }
   p.p2p = read_link(root.at("p2p"));
   p.allreduce = read_link(root.at("allreduce"));
-  p.allreduce_world = static_cast<int>(root.at("allreduce").integer_or("world", 2, 2));
+  p.allreduce_world = root.at("allreduce").bounded_or("world", 2, 2);
   p.overlap = root.has("overlap") ? root.at("overlap").number() : -1;
   if (p.overlap > 1) root.at("overlap").fail("must be at most 1 (a share of the communication time)");
-  p.repeats = static_cast<int>(root.integer_or("repeats", 0, 0));
+  p.repeats = root.bounded_or("repeats", 0, 0);
   for (const Field& lf : root.at("layers").items()) {
     lf.only({"name", "parameters", "optimizer_s", "timings", "tensor_parallel"});
     LayerProfile layer;
@@ -221,7 +221,7 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
       for (const Field& tpf : lf.at("tensor_parallel").items()) {
         tpf.only({"tp", "timings"});
         layer.tensor_parallel.push_back(
-            {static_cast<int>(tpf.at("tp").integer(2)), read_rows(tpf.at("timings"))});
+            {tpf.at("tp").bounded(2), read_rows(tpf.at("timings"))});
       }
     p.layers.push_back(std::move(layer));
   }
@@ -236,8 +236,8 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   if (root.has("training_step"))
     for (const Field& tf : root.at("training_step").items()) {
       tf.only({"micro_batch", "step_s", "data_parallel"});
-      TrainingStepTiming t{tf.at("micro_batch").integer(1), tf.at("step_s").positive(),
-                           static_cast<int>(tf.integer_or("data_parallel", 1, 2))};
+      TrainingStepTiming t{tf.at("micro_batch").bounded(1), tf.at("step_s").positive(),
+                           tf.bounded_or("data_parallel", 1, 2)};
       if (!p.training_step.empty() && t.micro_batch <= p.training_step.back().micro_batch)
         tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
       p.training_step.push_back(t);
@@ -246,9 +246,9 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
     for (const Field& tf : root.at("pipeline_step").items()) {
       tf.only({"micro_batch", "micro_batches", "stages", "split", "step_s"});
       PipelineStepTiming t;
-      t.micro_batch = tf.at("micro_batch").integer(1);
-      t.micro_batches = static_cast<int>(tf.at("micro_batches").integer(1));
-      t.stages = static_cast<int>(tf.at("stages").integer(2));
+      t.micro_batch = tf.at("micro_batch").bounded(1);
+      t.micro_batches = tf.at("micro_batches").bounded(1);
+      t.stages = tf.at("stages").bounded(2);
       t.split = tf.at("split").str();
       t.step_s = tf.at("step_s").positive();
       try {

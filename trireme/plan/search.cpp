@@ -12,10 +12,20 @@ namespace trireme::plan {
 
 namespace {
 
+// The divisors of n in ascending order (n: a device count).
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)
     if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// The micro-batch counts m to try for `sequences` per step: the divisors of it up to
+// max_micro_batches, found in that many steps whatever the batch.
+std::vector<int64_t> micro_batch_counts(int64_t sequences, int64_t max_micro_batches) {
+  std::vector<int64_t> out;
+  for (int64_t m = 1; m <= std::min(sequences, max_micro_batches); ++m)
+    if (sequences % m == 0) out.push_back(m);
   return out;
 }
 
@@ -252,7 +262,8 @@ std::string describe(const Layout& l) {
 
 SearchResult search(const Profile& profile, const Cluster& cluster, const SearchOptions& o) {
   const auto started = std::chrono::steady_clock::now();
-  TRIREME_CHECK(o.global_batch >= 1, "--global-batch must be at least 1");
+  TRIREME_CHECK(o.global_batch >= 1 && o.global_batch <= kMaxGlobalBatch, "the global batch (--global-batch) must be "
+                "from 1 to ", kMaxGlobalBatch, " sequences, got ", o.global_batch);
   const int layers = static_cast<int>(profile.layers.size());
   SearchResult result;
   std::map<std::string, Candidate> best_of_family;
@@ -325,8 +336,7 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
           std::vector<std::string> names;
           for (int g : ord) names.push_back(cluster.groups[g].name);
           for (const Schedule& sched : schedules_for(pp, layers, o)) {
-            for (int64_t m : divisors(per_replica)) {
-              if (m > o.max_micro_batches) break;
+            for (int64_t m : micro_batch_counts(per_replica, o.max_micro_batches)) {
               Layout l;
               if (!make_layout(dp, static_cast<int>(tp), pp, sched, m, ranks, &l)) continue;
               l.micro_batch_size = static_cast<int>(per_replica / m);
@@ -364,8 +374,7 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
           std::vector<std::string> names;
           for (int g : subset) names.push_back(cluster.groups[g].name);
           for (const Schedule& sched : schedules_for(pp, layers, o)) {
-            for (int64_t m : divisors(o.global_batch)) {
-              if (m > o.max_micro_batches) break;
+            for (int64_t m : micro_batch_counts(o.global_batch, o.max_micro_batches)) {
               const int64_t per_step = o.global_batch / m;
               if (per_step < dp) break;
               Layout l;
@@ -406,8 +415,7 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
           const int dp = static_cast<int>(total / pp / tp);
           if (!tp_ok || o.global_batch % dp != 0) continue;
           for (const Schedule& sched : schedules_for(static_cast<int>(pp), layers, o))
-            for (int64_t m : divisors(o.global_batch / dp)) {
-              if (m > o.max_micro_batches) break;
+            for (int64_t m : micro_batch_counts(o.global_batch / dp, o.max_micro_batches)) {
               Layout l;
               if (!make_layout(dp, static_cast<int>(tp), static_cast<int>(pp), sched, m, ranks, &l)) continue;
               l.micro_batch_size = static_cast<int>(o.global_batch / dp / m);
@@ -455,6 +463,9 @@ std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& clus
                                      const SearchOptions& options, int max_machines) {
   TRIREME_CHECK(cluster.groups.size() == 1, "spot replay plans a one-group cluster; ", cluster.name,
                 " has ", cluster.groups.size(), " groups");
+  // (Checked here: search's own refusal would read as "nothing fits" at every size.)
+  TRIREME_CHECK(options.global_batch >= 1 && options.global_batch <= kMaxGlobalBatch,
+                "the global batch must be from 1 to ", kMaxGlobalBatch, " sequences, got ", options.global_batch);
   std::vector<Candidate> out(max_machines + 1);
   for (int n = 1; n <= max_machines; ++n) {
     Cluster shrunk = cluster;

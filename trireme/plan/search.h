@@ -11,15 +11,18 @@
 //                 stages contiguous: every permutation of up to 4 used groups; beyond, the
 //                 groups by speed, fastest first and slowest first)
 //   schedule      gpipe, 1f1b, interleaved (v = 2..max_chunks), zb-h1 when pp > 1
-//   m, b          micro-batches per replica and their size, m*b = global_batch/dp
+//   m, b          micro-batches per replica and their size, m*b = global_batch/dp, m up
+//                 to max_micro_batches
 //   zero          0, 1, 2 when dp > 1
 //   layer split   contiguous, balanced for time on each stage's device speed (a slower
 //                 stage gets fewer layers): min-max partition, one split for every replica
 //   replica batches  on 2-4 groups, each replica placed whole inside one group and each
 //                 group's replicas given their own micro-batch size (uneven data parallelism)
-// Not searched, because the runtime cannot run it yet (so it is never emitted): different
-// splits or micro-batch counts per replica. Only the symmetric baseline below may spread a
-// stage over two groups (as symmetric planning does on a mixed cluster).
+// Not searched, because the runtime cannot run it yet: different splits or micro-batch
+// counts per replica. Searched and emitted although the runtime does not run it
+// everywhere: pp > 1 on accelerator groups (`trireme train --device cuda` refuses
+// pipelines for now; such plans run on CPU ranks). Only the symmetric baseline below may
+// spread a stage over two groups (as symmetric planning does on a mixed cluster).
 //
 // Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
 // fastest device) is already slower than `prune_factor` x the best found is not replayed.
@@ -31,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,11 +42,15 @@
 
 namespace trireme::plan {
 
+// The largest global batch searched, in sequences: a micro-batch's size (global batch
+// over dp x m) is an int in a layout.
+constexpr int64_t kMaxGlobalBatch = std::numeric_limits<int>::max();
+
 struct SearchOptions {
-  int64_t global_batch = 16;
+  int64_t global_batch = 16;  // 1..kMaxGlobalBatch
   bool aware = true;
   int max_chunks = 4;
-  int64_t max_micro_batches = 256;
+  int64_t max_micro_batches = 256;  // m is tried from 1 to this
   int runners_up = 5;
   double prune_factor = 1.5;
   CostOptions cost;

@@ -67,7 +67,7 @@ const char* policy_name(Policy policy);
 struct ReplayOptions {
   std::vector<double> fixed_samples_per_s;      // [n]: layout kept in kind (e.g. shrink dp)
   std::vector<double> replanned_samples_per_s;  // [n]: layout re-planned for n nodes
-  int min_nodes = 1;
+  int min_nodes = 1;                            // every policy; a zero rate in its table also waits
   double price_per_node_hour = 1.0;             // one price (on-demand or spot)
   double step_s = 1.0;                          // training seconds a step (memory policies)
   double checkpoint_every_s = 1800;             // training seconds between disk checkpoints
