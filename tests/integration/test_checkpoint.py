@@ -189,15 +189,17 @@ class Checkpoints(unittest.TestCase):
             loaded3 = loaded3 or at3
             diff3 = max_abs_diff(loaded3, at3)
             diff4 = max_abs_diff(ref4, at4)
-            # The same tensors (generator states are per rank, so their count follows the layout).
-            self.assertEqual(sorted(k for k in state4 if not k.startswith("rng/")),
-                             sorted(k for k in ref_state if not k.startswith("rng/")))
+            # The same tensors (generator states and bucket layouts are per rank, so their
+            # count follows the layout).
+            def per_rank(k):
+                return k.startswith(("rng/", "buckets/"))
+            self.assertEqual(sorted(k for k in state4 if not per_rank(k)), sorted(k for k in ref_state if not per_rank(k)))
             # Relative to each tensor's own scale: exp_avg_sq is ~1e-6, so an absolute
             # bound would pass a state loaded as zeros.
             def relative(k):
                 return float((state4[k] - ref_state[k]).abs().max() / ref_state[k].abs().max().clamp(min=1e-30))
             # (worst: inf when one is NaN, which max() would let through.)
-            state_diff = worst(relative(k) for k in ref_state if not k.startswith("rng/"))
+            state_diff = worst(relative(k) for k in ref_state if not per_rank(k))
             print(f"checkpoint of dp2 x pp2 loaded under {name}: parameters vs 1 process's load "
                   f"{diff3:.3g}; one more step: parameters {diff4:.3g}, its checkpoint (params, exp_avg, "
                   f"exp_avg_sq, step) vs the writer's {state_diff:.3g} (max relative to each tensor's scale)")

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "ranks.h"
+#include "trireme/common/error.h"
 #include "trireme/dist/backend.h"
 #include "trireme/parallel/data/data_parallel.h"
 
@@ -209,6 +210,37 @@ TEST(DataParallel, RebuildsBucketsFromObservedOrderAndAgrees) {
     for (const auto& b : buckets) flat.insert(flat.end(), b.begin(), b.end());
     ASSERT_EQ(flat.size(), net->parameters().size());
     EXPECT_EQ(flat.back() / 2, 4u);  // a parameter of `unused` (indices 8, 9)
+  });
+}
+
+TEST(DataParallel, BucketStateRestoresTheRebuiltLayoutBeforeTheFirstStep) {
+  // What a snapshot keeps of the buckets: a restarted replica builds the rebuilt layout
+  // before its first step, as the uninterrupted run had it (with 3 ranks the ring's sum
+  // order follows each element's place in its bucket).
+  run_ranks(3, [&](int rank, const trireme::dist::Group& group) {
+    Net net = make_net(7);
+    DataParallel dp(net.ptr(), group, small_buckets());
+    const auto initial = dp.buckets();
+    EXPECT_EQ(dp.bucket_state()[-1].item<int64_t>(), 0);  // not yet rebuilt
+    net->forward(input_for(rank, 2)).sum().backward();
+    const auto rebuilt = dp.buckets();
+    ASSERT_NE(rebuilt, initial);  // the unused layer moved last
+    const at::Tensor state = dp.bucket_state();
+    EXPECT_EQ(state[-1].item<int64_t>(), 1);
+
+    Net restarted = make_net(7);
+    DataParallel again(restarted.ptr(), group, small_buckets());
+    EXPECT_EQ(again.buckets(), initial);
+    again.restore_bucket_state(state);
+    EXPECT_EQ(again.buckets(), rebuilt);
+    // It stays: the first step does not rebuild from its own observation.
+    restarted->forward(input_for(rank, 2), /*use_extra=*/true).sum().backward();
+    EXPECT_EQ(again.buckets(), rebuilt);
+    // A state of another parameter list, or not an order, is refused.
+    EXPECT_THROW(again.restore_bucket_state(state.slice(0, 1)), trireme::InvalidArgument);
+    at::Tensor repeated = state.clone();
+    repeated[0] = repeated[1].item<int64_t>();
+    EXPECT_THROW(again.restore_bucket_state(repeated), trireme::InvalidArgument);
   });
 }
 

@@ -435,6 +435,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.dp = opt.dp;
   train_state.dp_rank = groups.coord("dp");
   train_state.dp_group = groups.axis("dp");
+  train_state.data_parallel = &engine->data_parallel();
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
   train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, -1, opt.model.flags()};

@@ -92,14 +92,23 @@ std::vector<std::pair<std::string, at::Generator>> generators(const TrainingStat
   return out;
 }
 
-// Restores this rank's generators from `c` when the same mesh wrote it.
-void restore_generator(const TrainingState& s, const Checkpoint& c) {
+// The checkpoint name of this rank's gradient-bucket layout, when it has one to keep
+// ("": none; ZeRO's buckets never move).
+std::string bucket_key(const TrainingState& s) {
+  if (!s.data_parallel || !s.data_parallel->options().rebuild_buckets) return "";
+  return "buckets/rank" + std::to_string(s.world->rank());
+}
+
+// Restores this rank's generators and bucket layout from `c` when the same mesh wrote it.
+void restore_rank_state(const TrainingState& s, const Checkpoint& c) {
   if (c.layout().mesh != s.layout.mesh) return;
   for (auto& [name, generator] : generators(s)) {  // each shares the default's state
     if (!c.has(name)) continue;
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(c.read(name, whole(c.shape(name))));
   }
+  const std::string buckets = bucket_key(s);
+  if (!buckets.empty() && c.has(buckets)) s.data_parallel->restore_bucket_state(c.read(buckets, whole(c.shape(buckets))));
 }
 
 // The checkpoint name of buffer NAME as rank `rank` holds it.
@@ -245,6 +254,11 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
     const at::Tensor rng = generator.get_state();  // a CPU byte tensor, also for a GPU's
     pieces.push_back({name, {rng.numel()}, whole({rng.numel()}), rng});
   }
+  const std::string buckets = bucket_key(s);
+  if (!buckets.empty()) {
+    const at::Tensor order = s.data_parallel->bucket_state();
+    pieces.push_back({buckets, {order.numel()}, whole({order.numel()}), order});
+  }
   return pieces;
 }
 
@@ -295,7 +309,7 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
     }
   }
   restore_buffers(s, checkpoint);
-  restore_generator(s, checkpoint);
+  restore_rank_state(s, checkpoint);
 }
 
 // `values` reduced element-wise by `op` over `group` (a collective), on the parameters'
@@ -457,7 +471,7 @@ void load_shared(const TrainingState& s, const Checkpoint& own, const std::strin
   for (size_t i = 0; i < n; ++i)
     parallel::set_adamw_state(*s.adamw, s.parameters[i].second.unsafeGetTensorImpl(), states[i]);
   restore_buffers(s, own);  // every rank's snapshot holds all of its own
-  restore_generator(s, own);
+  restore_rank_state(s, own);
 }
 
 // MIN of `value` over the world (a collective).
@@ -822,7 +836,7 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
     }
     // This rank's own generator, when its own snapshot of the same mesh is here.
     for (const Source& source : sources)
-      if (source.own && source.step == step) restore_generator(s, Checkpoint::open(source.dir, /*verify_data=*/false));
+      if (source.own && source.step == step) restore_rank_state(s, Checkpoint::open(source.dir, /*verify_data=*/false));
     if (from) {
       std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
       *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";
@@ -880,6 +894,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
                   "Resumable: AdamW's amsgrad is not supported (its max_exp_avg_sq is not saved, so a resume "
                   "would lose it); use amsgrad(false)");
   state_.world = &world;
+  state_.data_parallel = options_.data_parallel;
   for (const auto& item : model.named_parameters()) {
     const at::ScalarType dtype = item.value().scalar_type();
     TRIREME_CHECK(dtype == at::kFloat || dtype == at::kDouble, "Resumable: parameter '", item.key(), "' is ",

@@ -7,7 +7,9 @@
 // module buffers ("buffer/rank<R>/NAME": running statistics and the like, which
 // data-parallel replicas need not share, since DataParallel broadcasts them only at the
 // start) and each rank's generator states: the CPU's ("rng/cpu/rank<R>") and, when its
-// parameters are on a GPU, that GPU's ("rng/cuda/rank<R>"). A sampler that is a function
+// parameters are on a GPU, that GPU's ("rng/cuda/rank<R>"), and the layout of its
+// gradient buckets ("buckets/rank<R>", DataParallel::bucket_state: with 3 or more
+// replicas it decides the order of the all-reduce's sums). A sampler that is a function
 // of the step (data/sampler.h) and a learning-rate schedule of the step need nothing more.
 //
 // In a checkpoint each tensor-parallel rank writes the boxes of its shards (replicated
@@ -64,6 +66,9 @@ struct TrainingState {
   dist::Group dp_group;
   // The tensor-parallel dropout stream (null: none), saved beside the default generators.
   std::shared_ptr<tensor::RngTracker> split_rng;
+  // The data-parallel wrapper whose bucket layout is saved beside the generators (null:
+  // none; see DataParallel::bucket_state) and restored with them on the same mesh.
+  parallel::DataParallel* data_parallel = nullptr;
   torch::optim::AdamW* adamw = nullptr;     // AdamW over the parameters, or
   parallel::ZeroOptimizer* zero = nullptr;  // ZeRO's, over its DataParallel's parameters
   CheckpointLayout layout;
@@ -134,6 +139,9 @@ struct ResumableOptions {
   // The ranks share each snapshot, each copying 1/world size of the state (not in an
   // elastic job, where they stay whole; see TrainingState::share_snapshots).
   bool share_snapshots = true;
+  // The DataParallel wrapping the model, if any: its bucket layout is then saved too, which
+  // a bit-for-bit resume with 3 or more ranks needs (TrainingState::data_parallel).
+  parallel::DataParallel* data_parallel = nullptr;
 };
 
 // Fault tolerance for a data-parallel program (every rank holds the whole model):

@@ -133,6 +133,7 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
   std::vector<comm::BucketParam> specs;
   for (const auto& p : params_) specs.push_back({p.nbytes(), bucket_key(p)});
   assignment_ = comm::assign_buckets(specs, order, options_.buckets);
+  order_ = order;
   buckets_.clear();
   bucket_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < assignment_.size(); ++b) {
@@ -372,6 +373,34 @@ int64_t DataParallel::buffer_bytes() const {
     if (kept.defined()) bytes += static_cast<int64_t>(kept.nbytes());
   }
   return bytes;
+}
+
+at::Tensor DataParallel::bucket_state() const {
+  at::Tensor state = at::empty({static_cast<int64_t>(order_.size()) + 1}, at::kLong);
+  auto* data = state.data_ptr<int64_t>();
+  for (size_t i = 0; i < order_.size(); ++i) data[i] = static_cast<int64_t>(order_[i]);
+  data[order_.size()] = rebuilt_ ? 1 : 0;
+  return state;
+}
+
+void DataParallel::restore_bucket_state(const at::Tensor& state) {
+  const size_t n = params_.size();
+  TRIREME_CHECK(state.scalar_type() == at::kLong && state.dim() == 1 && state.numel() == static_cast<int64_t>(n) + 1,
+                "bucket state of ", state.numel(), " elements for ", n, " parameters: it is of another model or layout");
+  TRIREME_CHECK(!in_step_, "restore_bucket_state() must come before the first step");
+  const at::Tensor contiguous = state.contiguous();
+  const auto* data = contiguous.data_ptr<int64_t>();
+  std::vector<size_t> order(n);
+  std::vector<bool> seen(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    TRIREME_CHECK(data[i] >= 0 && data[i] < static_cast<int64_t>(n) && !seen[static_cast<size_t>(data[i])],
+                  "bucket state is not an order of the ", n, " parameters");
+    seen[static_cast<size_t>(data[i])] = true;
+    order[i] = static_cast<size_t>(data[i]);
+  }
+  if (data[n] != 1 || !options_.rebuild_buckets) return;  // the first step rebuilds, as the run did
+  build_buckets(order);
+  rebuilt_ = true;
 }
 
 void DataParallel::rebuild_from_observed_order() {

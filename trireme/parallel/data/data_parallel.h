@@ -163,6 +163,14 @@ class DataParallel {
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   // Number of synchronised backward passes so far.
   int64_t steps() const { return steps_; }
+  // The bucket layout as training state: the parameter order the buckets were built from,
+  // then 1 if it is the one rebuilt after the first step, else 0 (int64, parameters() + 1
+  // elements). With 3 or more ranks a ring all-reduce sums an element in an order set by
+  // its place in the bucket, so a run restarted at step S must build the buckets the
+  // uninterrupted run had at S to give its bits; restore_bucket_state() does, before the
+  // first step (throws InvalidArgument for a state of another parameter list).
+  at::Tensor bucket_state() const;
+  void restore_bucket_state(const at::Tensor& state);
   // The parameters that take part (those requiring gradients), in module order: the
   // indices of buckets() refer to this list.
   const std::vector<at::Tensor>& parameters() const { return params_; }
@@ -216,6 +224,7 @@ class DataParallel {
   std::unique_ptr<comm::ReduceScatter> reduce_scatter_;
 
   std::vector<std::vector<size_t>> assignment_;
+  std::vector<size_t> order_;  // the order assignment_ was built from
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param -> bucket
   std::vector<int> contributions_;  // param -> accumulations counted this step
