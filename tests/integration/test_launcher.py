@@ -9,14 +9,16 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
-from common import free_port, main, stop
+from common import free_port, main, stop, store_port
 
 TRIREME = os.environ.get("TRIREME_BIN", "trireme")
 PY = sys.executable
@@ -250,11 +252,95 @@ class Signals(unittest.TestCase):
         self.assertEqual(proc.returncode, 128 + signal.SIGINT)
         self.assertTrue(wait_pids_gone(pids, 1))
 
+    def test_a_worker_writing_without_pause_does_not_hold_the_agent(self):
+        """A worker keeps a 1 MiB pipe full (like `yes`, faster than the agent forwards):
+        SIGINT still ends the job within seconds (before, the agent read the pipe until it
+        was empty, which it never was, and handled no signal)."""
+        prog = ("import fcntl, os\n"
+                "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)  # 16 of the agent's reads\n"
+                "print('ready', os.getpid(), flush=True)\n"
+                "lines = b'y\\n' * 32768\n"
+                "while True: os.write(1, lines)\n")
+        proc = start(self, [], [PY, "-c", prog])
+        pids = read_ready_pids(proc, 1)
+        fd = proc.stdout.fileno()
+        drain = threading.Thread(target=lambda: [None for _ in iter(lambda: os.read(fd, 1 << 16), b"")])
+        drain.start()
+        try:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.fail("the agent did not end within 10 s of SIGINT while its worker wrote without pause")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            drain.join()
+        self.assertEqual(proc.returncode, 128 + signal.SIGINT)
+        self.assertEqual(one_line(proc.stderr.read()), "trireme run: received SIGINT; stopped the workers of node 0")
+        self.assertTrue(wait_pids_gone(pids, 1))
+
+    def test_stopping_signals_give_the_workers_sigterm_and_remove_the_area(self):
+        """SIGINT, SIGHUP (the terminal went away) and SIGQUIT stop the job as SIGTERM does:
+        the workers get SIGTERM (not the signal the agent received), and the node's snapshot
+        area goes (before, SIGHUP and SIGQUIT killed the agent at once and left the area in
+        /dev/shm)."""
+        prog = ("import os, signal, sys, time\n"
+                "area = os.environ['TRIREME_SNAPSHOT_DIR']\n"
+                "os.makedirs(os.path.join(area, 'rank-' + os.environ['RANK']))\n"
+                "def stopped(sig, frame):\n"
+                "    print('got', signal.Signals(sig).name, flush=True)\n"
+                "    sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, stopped)\n"
+                "print('ready', area, os.getpid(), flush=True)\n"
+                "time.sleep(120)\n")
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            with self.subTest(signal=sig.name):
+                proc = start(self, ["--nproc-per-node", "2"], [PY, "-c", prog])
+                lines = [proc.stdout.readline(), proc.stdout.readline()]
+                if not all(" ready " in line for line in lines):
+                    self.fail(f"the workers did not start: {lines} {proc.communicate(timeout=TIMEOUT)}")
+                area = lines[0].split()[-2]
+                self.addCleanup(shutil.rmtree, area, ignore_errors=True)
+                self.assertTrue(os.path.isdir(area), area)
+                proc.send_signal(sig)
+                out, err = proc.communicate(timeout=TIMEOUT)
+                self.assertEqual(proc.returncode, 128 + sig, err)
+                self.assertEqual(one_line(err), f"trireme run: received {sig.name}; stopped the workers of node 0")
+                self.assertEqual(sorted(out.splitlines()), ["[0] got SIGTERM", "[1] got SIGTERM"])
+                self.assertTrue(wait_pids_gone([int(line.split()[-1]) for line in lines], 1))
+                self.assertFalse(os.path.exists(area), "the snapshot area was left behind")
+
     def test_kill_9_of_the_launcher_leaves_no_orphan(self):
         proc, pids = self.start_sleepers(2)
         proc.kill()
         proc.communicate(timeout=TIMEOUT)
         self.assertTrue(wait_pids_gone(pids, 10), "workers outlived a kill -9 of the launcher")
+
+
+class ExternalStore(unittest.TestCase):
+    def test_a_store_serves_one_job(self):
+        """A second job against the `trireme store` of one that ended (in success or in
+        failure) is refused with one line saying to start a fresh store (before: 'another
+        agent already joined ... as --node-rank 0', the first job's keys being still there).
+        SIGHUP stops the store as SIGINT and SIGTERM do."""
+        for first in ("true", "false"):
+            with self.subTest(first_job=first):
+                store = subprocess.Popen([TRIREME, "store", "--port", "0"], stdout=subprocess.PIPE, text=True)
+                self.addCleanup(stop, store)
+                port = store_port(store)
+                flags = ["--rdzv", f"127.0.0.1:{port}", "--rdzv-external"]
+                rc, _, err, _ = run(flags, [first])
+                self.assertEqual(rc, 0 if first == "true" else 1, err)
+                rc, out, err, _ = run(flags, ["true"])
+                self.assertEqual((rc, out), (1, ""))
+                self.assertEqual(one_line(err), f"trireme run: the rendezvous store at 127.0.0.1:{port} already "
+                                                "served a job, which has ended; start a fresh `trireme store` for "
+                                                "each job")
+                store.send_signal(signal.SIGHUP)
+                self.assertEqual(store.wait(timeout=30), 0)
+                self.assertIn("trireme store: stopped by SIGHUP", store.stdout.read())
 
 
 class BadInput(unittest.TestCase):

@@ -222,29 +222,62 @@ TEST(LaunchAgent, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
             "rank 1 (node 0, local 1) exited with code 2; stopped the other workers");
 }
 
-TEST(LaunchAgent, JoinTimeoutNamesHowManyJoined) {
+// An agent that gives up joining gives its --node-rank and its place in `joined` back: a
+// retry is not refused as a second node 0, nor counted twice (before, the retry was
+// refused for ever).
+TEST(LaunchAgent, JoinTimeoutNamesHowManyJoinedAndFreesThePlace) {
   MemoryChannel channel;
   CapturedIo io;
   LaunchOptions o = sh_options(1, "true");
   o.nnodes = 2;
   o.rdzv_port = 29999;
   o.join_timeout_s = 1;
-  const auto result = run_agent(o, channel, {"127.0.0.1", 29999}, io.io());
-  EXPECT_EQ(result.exit_code, 1);
-  EXPECT_NE(result.failure.find("1 of 2 joined the rendezvous at 127.0.0.1:29999"),
-            std::string::npos)
-      << result.failure;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const auto result = run_agent(o, channel, {"127.0.0.1", 29999}, io.io());
+    EXPECT_EQ(result.exit_code, 1);
+    EXPECT_NE(result.failure.find("1 of 2 joined the rendezvous at 127.0.0.1:29999"), std::string::npos)
+        << "attempt " << attempt << ": " << result.failure;
+    EXPECT_EQ(channel.try_get(keys::node(0)), "0");
+    EXPECT_EQ(channel.try_get(keys::kJoined), "0");
+  }
 }
 
+// With --max-restarts it is not restarted, and says so (before: "gave up after 0 restarts").
 TEST(LaunchAgent, ProgramThatCannotRunIsAFailureNamingIt) {
+  for (const int max_restarts : {0, 2}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    LaunchOptions o;
+    o.command = {"/nonexistent/program"};
+    o.max_restarts = max_restarts;
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1}, io.io());
+    EXPECT_NE(result.exit_code, 0);
+    EXPECT_NE(result.failure.find("cannot execute '/nonexistent/program'"), std::string::npos) << result.failure;
+    EXPECT_EQ(result.failure.find("gave up"), std::string::npos) << result.failure;
+    EXPECT_EQ(result.failure.find("the worker could not be started, so the job was not restarted") !=
+                  std::string::npos,
+              max_restarts > 0)
+        << result.failure;
+  }
+}
+
+// A node the restart's leader dropped (its heartbeat stalled) says for how long, as given
+// (before, --node-timeout 0.5 read "--node-timeout 0 s").
+TEST(LaunchAgent, ADroppedNodeNamesItsNodeTimeout) {
   MemoryChannel channel;
   CapturedIo io;
-  LaunchOptions o;
-  o.command = {"/nonexistent/program"};
-  const auto result = run_agent(o, channel, {"127.0.0.1", 1}, io.io());
-  EXPECT_NE(result.exit_code, 0);
-  EXPECT_NE(result.failure.find("cannot execute '/nonexistent/program'"), std::string::npos)
-      << result.failure;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);               // node 0 joined
+  channel.add(keys::restart_stopped(1), 1);    // node 0 leads restart 1
+  channel.set(keys::restart_members(1), "0");  // and dropped this node
+  LaunchOptions o = one_node_left_options("exit 3", 1);
+  o.node_rank = 1;
+  Heartbeat node0(channel, 0);
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.failure,
+            "node 1 was dropped from the job at restart 1 (its heartbeat stalled for --node-timeout 0.5 s); raise "
+            "--node-timeout on a loaded machine");
 }
 
 // Elastic membership through the same seam: node 1 of a 1:2 job never beats its
@@ -534,6 +567,33 @@ TEST(LaunchAgent, ARestartAfterAnotherNodeFinishedEndsTheJob) {
   EXPECT_EQ(channel.try_get(keys::kFailure), result.failure);  // node 0's barrier sees it and ends too
 }
 
+// Node 1's workers finished and its agent exited: it marked itself done, and its heartbeat
+// stopped. Rank 0 here goes on writing its results for 3x --node-timeout: node 1 is
+// finished, not lost, and the job succeeds (before, node 0 took it for lost and failed the
+// job at the end of a good run). A worker here that fails then ends the job naming node 1
+// as finished (before: lost).
+TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
+  for (const bool fail : {false, true}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    channel.add(keys::kJoined, 1);  // node 1 joined, beat once, finished and exited
+    channel.set(keys::alive(1), "1");
+    channel.set(keys::done(1), "1");
+    channel.add(keys::kDone, 1);
+    LaunchOptions o = two_node_options(std::string("sleep 1.5; exit ") + (fail ? "1" : "0"), 0);
+    o.node_timeout_s = 0.5;
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    if (!fail) {
+      EXPECT_EQ(result.exit_code, 0) << result.failure;
+      EXPECT_EQ(channel.try_get(keys::kAllDone), "1");
+    } else {
+      EXPECT_EQ(result.exit_code, 1);
+      EXPECT_NE(result.failure.find("exited with code 1; node 1 had already finished"), std::string::npos)
+          << result.failure;
+    }
+  }
+}
+
 // A signal to an agent in the middle of a restart publishes the failure: the others would
 // otherwise wait for it at the next barrier until --join-timeout.
 TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
@@ -566,11 +626,18 @@ TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
   o.node_rank = 1;
   o.join_timeout_s = 1;
   channel.add(keys::lost(1), 1);  // node 1 was dropped: this is its replacement
+  channel.add(keys::node(1), 1);  // (the machine it replaces)
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.failure.find("waiting for the running job to take node 1"), std::string::npos) << result.failure;
   EXPECT_EQ(channel.try_get(keys::kPending), "1");  // it did ask
   EXPECT_EQ(channel.try_get(keys::pending(1)), "");  // and withdrew
+  // Its --node-rank is free again: another try under it asks again (before, it was
+  // refused as a second node 1, for ever).
+  const auto retry = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_NE(retry.failure.find("waiting for the running job to take node 1"), std::string::npos) << retry.failure;
+  EXPECT_EQ(channel.try_get(keys::kPending), "2");
+  EXPECT_EQ(channel.try_get(keys::node(1)), "1");
 }
 
 // A worker that exits and leaves a child behind in its process group (here a shell's

@@ -151,6 +151,35 @@ TEST(LaunchOptionsCheck, RefusesBadOptionsWithTheFlagName) {
   expect_refused(o, "--max-restarts");
 }
 
+// Time-outs and grace periods past 1e6 s are refused naming the flag: the agent turns them
+// into nanoseconds of the steady clock, where 1e20 s overflowed (undefined behaviour).
+TEST(LaunchOptionsCheck, RefusesSecondsThatWouldOverflowTheClock) {
+  LaunchOptions good;
+  good.command = {"true"};
+  good.node_timeout_s = good.preemption_grace_s = good.heartbeat_timeout_s = 1e6;
+  good.stop_grace_s = good.exit_barrier_timeout_s = 1e6;
+  good.join_timeout_s = 1000000;
+  EXPECT_NO_THROW(validate_launch_options(good));
+  LaunchOptions o = good;
+  o.node_timeout_s = 1e20;
+  expect_refused(o, "--node-timeout must be at most 1000000 seconds (11.6 days), got 1e+20");
+  o = good;
+  o.preemption_grace_s = 1e7;
+  expect_refused(o, "--grace-seconds must be at most");
+  o = good;
+  o.heartbeat_timeout_s = 1e20;
+  expect_refused(o, "--heartbeat-timeout must be at most");
+  o = good;
+  o.join_timeout_s = 2000000000;
+  expect_refused(o, "--join-timeout must be at most");
+  o = good;
+  o.stop_grace_s = 1e20;
+  expect_refused(o, "the stop grace period must be at most");
+  o = good;
+  o.exit_barrier_timeout_s = 1e20;
+  expect_refused(o, "the exit barrier timeout must be at most");
+}
+
 TEST(LaunchProcess, FindsExecutablesOnAPath) {
   EXPECT_EQ(find_executable("sh", "/nonexistent:/bin"), "/bin/sh");
   EXPECT_EQ(find_executable("/bin/sh", ""), "/bin/sh");

@@ -2,7 +2,7 @@
 // all come and go (spot instances): run it on a host that stays (a small on-demand
 // instance, the login node) and start every agent with --rdzv HOST:P --rdzv-external.
 // Without it node 0's agent hosts the store, and losing node 0 ends the job (the others
-// see the store gone and stop). Serves until SIGINT or SIGTERM.
+// see the store gone and stop). Serves until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
 #include <poll.h>
 
 #include <csignal>
@@ -11,6 +11,7 @@
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
 #include "trireme/common/error.h"
+#include "trireme/launch/exit_status.h"
 #include "trireme/launch/process.h"
 #include "trireme/launch/tcp_store_channel.h"
 
@@ -28,7 +29,7 @@ int store_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(stray.empty(), "unexpected argument '", stray.empty() ? "" : stray.front(),
                 "'; usage: trireme store --port P");
   TRIREME_CHECK(port >= 0 && port <= 65535, "--port must be 0..65535, got ", port);
-  launch::SignalPipe signals;  // SIGINT/SIGTERM end the wait below
+  launch::SignalPipe signals;  // any signal but SIGCHLD ends the wait below
   const auto store = launch::TcpStoreChannel::host(port, std::chrono::seconds(30));
   std::printf("trireme store: listening on port %d; start the agents with --rdzv HOST:%d --rdzv-external\n",
               store->port(), store->port());
@@ -37,8 +38,8 @@ int store_main(const std::vector<std::string>& args) {
     pollfd p{signals.fd(), POLLIN, 0};
     if (::poll(&p, 1, -1) > 0)
       for (int sig : signals.drain())
-        if (sig == SIGINT || sig == SIGTERM) {
-          std::printf("trireme store: stopped by %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        if (sig != SIGCHLD) {
+          std::printf("trireme store: stopped by %s\n", launch::signal_name(sig).c_str());
           return 0;
         }
   }

@@ -2,9 +2,10 @@
 //
 // One thread does everything: a poll() over the signal self-pipe and every worker's
 // stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
-// store's failure key. Workers are reaped with waitpid(WNOHANG) after every wake-up
-// (SIGCHLD wakes the poll), and a reaped worker's pipes are drained before they close,
-// so no output it wrote is lost.
+// store's failure key. Each wake-up forwards at most one read per pipe, so a worker that
+// writes without pause does not hold the loop. Workers are reaped with waitpid(WNOHANG)
+// after every wake-up (SIGCHLD wakes the poll), and a reaped worker's pipes are drained
+// before they close, so no output it wrote is lost.
 #include "trireme/launch/agent.h"
 
 #include <poll.h>
@@ -57,6 +58,13 @@ constexpr milliseconds kStandbyDelay{1000};
 constexpr milliseconds kBeatInterval{200};
 // How often the leader of a restart looks at the members it waits for.
 constexpr milliseconds kMembershipPoll{50};
+// A worker's output is read kReadSize at a time, one read per stream per wake-up: a worker
+// that writes without pause (`yes`) then cannot keep the agent from its signals, heartbeat
+// and failure checks. An exited worker's pipes are drained with up to kDrainReads reads:
+// 1 MiB, the most a pipe holds (/proc/sys/fs/pipe-max-size); more can come only from a
+// child it left behind that goes on writing, which must not hold the agent either.
+constexpr int kReadSize = 65536;
+constexpr int kDrainReads = 16;
 
 // The wall-clock time (microseconds since the epoch) of a moment of the steady clock:
 // what other processes, and machines with synchronised clocks, can compare.
@@ -176,6 +184,7 @@ class Agent {
 
   std::optional<LaunchResult> join();
   std::optional<LaunchResult> join_running();
+  LaunchResult withdraw(LaunchResult result, bool counted);
   Worker start_worker(int local, int generation, bool standby) const;
   std::optional<Event> spawn_workers(int restart);
   void spawn_standby(int generation);
@@ -217,7 +226,9 @@ class Agent {
   // signals): the keeper's calls may wait on other machines for seconds.
   void while_pumping(const std::function<void()>& fn);
   void take_signals();
-  void forward(Worker& w, int stream);
+  // Forwards what `stream` of w holds, at most max_reads reads of kReadSize (stopping early
+  // when the pipe is empty); closes the stream at its end.
+  void forward(Worker& w, int stream, int max_reads);
   void close_stream(Worker& w, int stream);
   void reap();
   bool any_running() const;
@@ -248,8 +259,8 @@ class Agent {
   // snapshot area are removed once this generation's workers have loaded (stepped).
   bool old_rank_dirs_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
-  int first_signal_ = 0;     // the first SIGINT/SIGTERM received, 0 if none
-  int signal_count_ = 0;     // all SIGINT/SIGTERM received
+  int first_signal_ = 0;     // the first stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), 0 if none
+  int signal_count_ = 0;     // all stopping signals received
   std::string first_failure_;  // the first worker that failed on its own
   bool stopping_ = false;      // workers dying now are ones we are stopping
   std::string published_failure_;  // what kFailure held when we last looked
@@ -314,7 +325,9 @@ LaunchResult Agent::run() {
       }
       continue;
     }
-    if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
+    if (failed && options_.max_restarts > 0)  // (a restart would start it the same way)
+      event.what += "; the worker could not be started, so the job was not restarted";
+    else if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
       event.what += "; gave up after " + std::to_string(generation_) + " restart" + (generation_ == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
     if (event.ending == Ending::kRemoteRestart) event.ending = Ending::kRemoteFailure;
@@ -333,8 +346,8 @@ LaunchResult Agent::run() {
 // decides from the claims made before it (keys::generation_end) and publishes that; claims
 // after it are ignored by their makers. So no agent waits for a finish while another waits
 // for a restart for a join. (Not arbitrated: a restart for a failure or a lost member. A
-// node whose workers finished exits, and one still running would count it lost only after
-// --node-timeout, which lock-stepped workers do not leave between their ends.)
+// node whose workers finished marks itself done and exits; one still running does not
+// count it lost, and a restart it leads ends the job naming it finished.)
 Event Agent::finished_or_restarted() {
   const Event finished{Ending::kAllExited, ""};
   const Event restarted{Ending::kRemoteRestart, "a node asks to join (seen on another node before the workers here "
@@ -472,10 +485,11 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
         states[id] = NodeState::kCheckedIn;
       } else if (!joiner && channel_.try_get(keys::left(id, incarnation(id)))) {
         states[id] = NodeState::kLeft;
+      } else if (!joiner && channel_.try_get(keys::done(id))) {
+        // It will not check in: it beats on (node 0 keeps the store up) or, finished, exited.
+        ended.push_back(id);
       } else if (stale(id, Clock::now())) {
         states[id] = NodeState::kLost;
-      } else if (!joiner && channel_.try_get(keys::done(id))) {
-        ended.push_back(id);  // it beats on (node 0 keeps the store up) but will not check in
       } else if (joiner && peer_beats_[id].second > now) {
         states[id] = NodeState::kJoining;  // its heartbeat went on: alive and waiting
       } else {
@@ -521,11 +535,13 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
   members_decided_ = Clock::now();
   const std::vector<int> next = parse_ids(published);
   if (next.empty()) return LaunchResult{1, channel_.try_get(keys::kFailure).value_or("too few nodes left")};
-  if (!contains(next, options_.node_rank))
+  if (!contains(next, options_.node_rank)) {
+    char timeout[32];
+    std::snprintf(timeout, sizeof timeout, "%g", options_.node_timeout_s);
     return LaunchResult{1, node() + " was dropped from the job at restart " + std::to_string(generation) +
-                               " (its heartbeat stalled for --node-timeout " +
-                               std::to_string(static_cast<int>(options_.node_timeout_s)) +
+                               " (its heartbeat stalled for --node-timeout " + timeout +
                                " s); raise --node-timeout on a loaded machine"};
+  }
   const KeeperGeneration previous = keeper_generation();
   const bool changed = next != members_;
   enter(generation, next);
@@ -627,18 +643,26 @@ void Agent::remove_snapshot_dir() {
 // ---- step 1: join ------------------------------------------------------------------------
 
 std::optional<LaunchResult> Agent::join() {
+  // A `trireme store` serves one job: the keys of a job that ended (its failure, the agents
+  // done, its run id and node slots) would mislead the next. (A job whose agents were all
+  // killed leaves neither of the first two: its node slots refuse the next job's agents.)
+  if (options_.external_store && (channel_.try_get(keys::kFailure) || channel_.add(keys::kDone, 0) > 0))
+    return LaunchResult{1, "the rendezvous store at " + rdzv() + " already served a job, which has ended; start a "
+                               "fresh `trireme store` for each job"};
   if (is_host() || (options_.external_store && channel_.add(keys::kRunIdClaim, 1) == 1)) {
     run_id_ = new_run_id();
     channel_.set(keys::kRunId, run_id_);
   }
   // A --node-rank is taken once per time that node was dropped from the job: a replacement
   // for a lost (or preempted) machine joins under its id.
-  const std::string node_key = "trireme/agents/node" + std::to_string(options_.node_rank);
-  if (channel_.add(node_key, 1) > incarnation(options_.node_rank) + 1)
-    return LaunchResult{1, "another agent already joined the rendezvous at " + rdzv() +
-                               " as --node-rank " + std::to_string(options_.node_rank) +
-                               "; give every node its own --node-rank (a replacement may take a lost node's "
-                               "once the job has dropped it, after --node-timeout)"};
+  if (channel_.add(keys::node(options_.node_rank), 1) > incarnation(options_.node_rank) + 1)
+    return withdraw({1, "another agent already joined the rendezvous at " + rdzv() + " as --node-rank " +
+                            std::to_string(options_.node_rank) +
+                            "; give every node its own --node-rank (a replacement may take a lost node's once the "
+                            "job has dropped it, after --node-timeout)" +
+                            (options_.external_store ? ", or start a fresh `trireme store` if it served an earlier job"
+                                                     : "")},
+                    /*counted=*/false);
   // Every place taken already: the job runs, and this node is a replacement or came back.
   if (!is_host() && channel_.add(keys::kJoined, 0) >= options_.nnodes) return join_running();
   const int64_t joined = channel_.add(keys::kJoined, 1);
@@ -648,19 +672,19 @@ std::optional<LaunchResult> Agent::join() {
     case WaitEnd::kSet:
       break;
     case WaitEnd::kSignal:
-      return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) +
-                                                   " while waiting for the other agents to join"};
+      return withdraw({128 + first_signal_, "received " + signal_name(first_signal_) +
+                                                " while waiting for the other agents to join"},
+                      /*counted=*/true);
     case WaitEnd::kFailure:
-      return LaunchResult{1, published_failure_ + "; " + node() + " did not start its workers"};
+      return withdraw({1, published_failure_ + "; " + node() + " did not start its workers"}, /*counted=*/true);
     case WaitEnd::kTimeout:
-      return LaunchResult{
-          1, "timed out after " + std::to_string(options_.join_timeout_s) +
-                 " s waiting for the other agents: " +
-                 std::to_string(channel_.add(keys::kJoined, 0)) + " of " +
-                 std::to_string(options_.nnodes) + " joined the rendezvous at " + rdzv() +
-                 "; start 'trireme run --nnodes " + std::to_string(options_.nnodes) +
-                 " --node-rank R --rdzv " + rdzv() +
-                 " ...' on the missing nodes, or raise --join-timeout"};
+      return withdraw({1, "timed out after " + std::to_string(options_.join_timeout_s) +
+                              " s waiting for the other agents: " + std::to_string(channel_.add(keys::kJoined, 0)) +
+                              " of " + std::to_string(options_.nnodes) + " joined the rendezvous at " + rdzv() +
+                              "; start 'trireme run --nnodes " + std::to_string(options_.nnodes) +
+                              " --node-rank R --rdzv " + rdzv() +
+                              " ...' on the missing nodes, or raise --join-timeout"},
+                      /*counted=*/true);
   }
   if (run_id_ == "none") {
     // With a store of its own the agent that claimed the run id may not have set it yet.
@@ -672,27 +696,43 @@ std::optional<LaunchResult> Agent::join() {
   return std::nullopt;
 }
 
+// An agent that ends before it is a member gives back what join() took: its --node-rank
+// (a retry under it would be refused for ever) and, with `counted`, its place in `joined`
+// while the job has not formed (a retry would be counted twice, and the job would start
+// without a node). Once `ready` is set the others count this node in, and lose it after
+// --node-timeout; the last join can still cross this check, which ends the same way.
+LaunchResult Agent::withdraw(LaunchResult result, bool counted) {
+  try {
+    channel_.add(keys::node(options_.node_rank), -1);
+    if (counted && !channel_.try_get(keys::kReady)) channel_.add(keys::kJoined, -1);
+  } catch (const Error&) {
+    // The store is gone: there is no job left to join.
+  }
+  return result;
+}
+
 // A node that arrives while the job runs (a replacement, or one that came back) asks to
 // join and waits for a generation that takes it: the running agents start one as soon as
 // they see the request, while the job has fewer than --nnodes MAX nodes.
 std::optional<LaunchResult> Agent::join_running() {
   if (!elastic(options_))
-    return LaunchResult{1, "the job at " + rdzv() + " is already running with its " + std::to_string(options_.nnodes) +
-                               " nodes; a node can join a running job only when it was started with --nnodes MIN:MAX"};
+    return withdraw({1, "the job at " + rdzv() + " is already running with its " + std::to_string(options_.nnodes) +
+                            " nodes; a node can join a running job only when it was started with --nnodes MIN:MAX"},
+                    /*counted=*/false);
   run_id_ = channel_.try_get(keys::kRunId).value_or("none");
   channel_.set(keys::pending(options_.node_rank), run_id_);
   channel_.add(keys::kPending, 1);
   write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
-  // A node that gives up withdraws its request: a later restart's leader would otherwise
-  // wait for it as a joiner until --node-timeout.
+  // A node that gives up withdraws its request (a later restart's leader would otherwise
+  // wait for it as a joiner until --node-timeout) and its --node-rank.
   const auto give_up = [&](LaunchResult result) {
     try {
       channel_.set(keys::pending(options_.node_rank), "");
     } catch (const Error&) {
     }
-    return result;
+    return withdraw(std::move(result), /*counted=*/false);
   };
   while (true) {
     WaitEnd end;
@@ -859,7 +899,11 @@ std::optional<Event> Agent::watch_nodes() {
     if (id == options_.node_rank) continue;
     if (channel_.try_get(keys::left(id, incarnation(id))))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
-    if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
+    // A member whose agent has finished (its workers exited) stops its heartbeat when it
+    // exits: it is done, not lost, while the workers here finish (rank 0 may write its
+    // traces long after the others are gone).
+    if (stale(id, now) && !channel_.try_get(keys::done(id)))
+      return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
   }
   // (Not once a worker has finished: the job is ending, a new generation would redo
   // nothing; nor without a restart left: the joiner waits until its --join-timeout.)
@@ -930,7 +974,7 @@ void Agent::pump(Clock::duration timeout) {
   if (ready > 0) {
     if (fds[0].revents) take_signals();
     for (std::size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) forward(*owners[i - 1].first, owners[i - 1].second);
+      if (fds[i].revents) forward(*owners[i - 1].first, owners[i - 1].second, 1);
   }
   reap();
 }
@@ -943,13 +987,14 @@ void Agent::take_signals() {
   }
 }
 
-void Agent::forward(Worker& w, int stream) {
+void Agent::forward(Worker& w, int stream, int max_reads) {
   const int out = stream == 0 ? io_.stdout_fd : io_.stderr_fd;
-  char buffer[65536];
-  while (w.fds[stream] >= 0) {
+  char buffer[kReadSize];
+  for (int reads = 0; w.fds[stream] >= 0 && reads < max_reads;) {
     const ssize_t n = ::read(w.fds[stream], buffer, sizeof(buffer));
     if (n > 0) {
       write_all(out, w.lines[stream]->feed(std::string_view(buffer, n)));
+      ++reads;
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && errno == EAGAIN) {
@@ -973,7 +1018,7 @@ void Agent::reap() {
     if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
     w.running = false;
     for (int s = 0; s < 2; ++s) {
-      forward(w, s);
+      forward(w, s, kDrainReads);
       close_stream(w, s);
     }
     write_all(io_.stderr_fd, "trireme run: the standby worker for rank " + std::to_string(w.rank) + " " +
@@ -986,7 +1031,7 @@ void Agent::reap() {
     if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
     w.running = false;
     for (int s = 0; s < 2; ++s) {
-      forward(w, s);  // what it wrote before exiting is still in the pipe
+      forward(w, s, kDrainReads);  // what it wrote before exiting is still in the pipe
       close_stream(w, s);
     }
     if (!stopping_ && !exited_cleanly(status) && first_failure_.empty())
@@ -1073,7 +1118,7 @@ void Agent::remove_old_rank_dirs() {
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
-// or at once when a second SIGINT/SIGTERM arrives.
+// or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrives.
 // A worker that already exited may have left children in its process group (a shell's
 // background job, a launcher's child): they get the same signals through the group alone
 // (never its pid, which may be another process's by now; nor a group a standby leads).

@@ -47,6 +47,9 @@
 //                           the others keep their keepers running until then
 //   trireme/agents/lost/N   counter: times node N was dropped from the job, so that a
 //                           replacement may join under the same --node-rank
+//   trireme/agents/nodeN    counter: agents that took --node-rank N; one more than
+//                           lost/N refuses the agent (an agent that gives up before it
+//                           is a member takes its add back, so a retry is not refused)
 //   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs)
 //   trireme/agents/pending  counter of such requests, which running agents watch
 //   trireme/end/G           counter deciding how generation G ends when its workers finish
@@ -110,6 +113,7 @@ inline std::string flushed(int node, int64_t incarnation) {
 }
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
+inline std::string node(int node) { return "trireme/agents/node" + std::to_string(node); }
 inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
 inline constexpr int64_t kFinished = int64_t{1} << 32;
 // A worker's progress in generation `generation` (a counter it raises, e.g. its step; set

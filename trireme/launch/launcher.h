@@ -78,7 +78,8 @@ inline bool elastic(const LaunchOptions& o) { return min_nodes(o) < o.nnodes; }
 // workers, forward their output to this process's stdout/stderr, supervise them.
 // Throws InvalidArgument on bad options (including a program that cannot be found and a
 // --rdzv port already in use) and CommError when the store cannot be reached.
-// While it runs it handles SIGINT, SIGTERM and SIGCHLD (previous handlers are restored).
+// While it runs it handles SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD (previous handlers
+// are restored): the first four stop the job, as SIGTERM to the workers.
 LaunchResult launch(const LaunchOptions& options);
 
 }  // namespace trireme::launch

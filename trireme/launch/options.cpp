@@ -1,9 +1,18 @@
 // Validation of LaunchOptions: every refusal is one line naming the flag and the fix.
+#include <utility>
+
 #include "trireme/common/error.h"
 #include "trireme/ft/redundancy.h"
 #include "trireme/launch/launcher.h"
 
 namespace trireme::launch {
+namespace {
+
+// The longest time-out or grace period taken, in seconds (11.6 days): the agent adds them
+// to the steady clock in nanoseconds, where 1e20 s overflows; anything this long is a typo.
+constexpr int kMaxSeconds = 1000000;
+
+}  // namespace
 
 void validate_launch_options(const LaunchOptions& o) {
   TRIREME_CHECK(!o.command.empty(),
@@ -39,6 +48,13 @@ void validate_launch_options(const LaunchOptions& o) {
   TRIREME_CHECK(o.exit_barrier_timeout_s >= 0,
                 "the exit barrier timeout must be 0 or more seconds, got ",
                 o.exit_barrier_timeout_s);
+  const std::pair<const char*, double> periods[] = {
+      {"--join-timeout", o.join_timeout_s},     {"--heartbeat-timeout", o.heartbeat_timeout_s},
+      {"--node-timeout", o.node_timeout_s},     {"--grace-seconds", o.preemption_grace_s},
+      {"the stop grace period", o.stop_grace_s}, {"the exit barrier timeout", o.exit_barrier_timeout_s}};
+  for (const auto& [name, seconds] : periods)
+    TRIREME_CHECK(seconds <= kMaxSeconds, name, " must be at most ", kMaxSeconds, " seconds (11.6 days), got ",
+                  seconds);
   if (!o.redundancy.empty()) {
     const auto [k, m] = ft::RedundancyPlan::parse(o.redundancy);
     ft::RedundancyPlan::make(o.nnodes, k, m);  // throws naming --redundancy when too few machines

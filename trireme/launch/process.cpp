@@ -33,7 +33,10 @@ void on_signal(int signal) {
   errno = saved_errno;
 }
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+// SIGHUP (the terminal or ssh session went away) and SIGQUIT (Ctrl-\) stop the job like
+// SIGINT and SIGTERM: by default they would kill the agent at once, leaving its snapshot
+// area in /dev/shm and its workers to PR_SET_PDEATHSIG's SIGKILL, without a grace period.
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
 
 bool is_executable_file(const std::string& path) {
   struct stat st {};

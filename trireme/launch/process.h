@@ -40,11 +40,11 @@ void signal_process_group(pid_t pid, int signal);
 // then leaves it behind instead of blocking for ever. Waits on a pidfd, no polling.
 bool reap_within(pid_t pid, std::chrono::milliseconds limit);
 
-// SignalPipe turns SIGINT, SIGTERM and SIGCHLD into bytes (the signal number) on a pipe
-// that the agent polls together with the worker pipes (the self-pipe trick), and ignores
-// SIGPIPE. The write end lives in the only mutable global of the launcher, because a
-// signal handler can reach nothing else; at most one SignalPipe exists at a time. The
-// previous handlers come back when it is destroyed.
+// SignalPipe turns SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD into bytes (the signal
+// number) on a pipe that the agent polls together with the worker pipes (the self-pipe
+// trick), and ignores SIGPIPE. The write end lives in the only mutable global of the
+// launcher, because a signal handler can reach nothing else; at most one SignalPipe exists
+// at a time. The previous handlers come back when it is destroyed.
 class SignalPipe {
  public:
   SignalPipe();
