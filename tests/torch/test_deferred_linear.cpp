@@ -5,6 +5,9 @@
 #include "trireme/common/error.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 #include "trireme/parallel/pipeline/executor.h"
+#include "trireme/parallel/pipeline/stage.h"
+
+#include <torch/nn/modules/linear.h>
 
 using namespace trireme::pipeline;
 
@@ -91,4 +94,21 @@ TEST(StageExecutor, RefusesAnNcclPipelineGroup) {
   };
   EXPECT_THROW(make("nccl"), trireme::InvalidArgument);
   EXPECT_NO_THROW(make("gloo"));
+}
+
+TEST(StageModule, RefusesWeightsTiedAcrossLayers) {
+  // One Linear in two layers (a tied embedding and head, say) would be stepped twice on a
+  // stage holding both, and trained as two copies on two stages: refused with a message.
+  torch::nn::Linear shared(4, 4), other(4, 4);
+  auto identity = [](const at::Tensor& x) { return x; };
+  const LayerList tied = {{"first", {{"a", shared.ptr()}}, identity}, {"second", {{"b", shared.ptr()}}, identity}};
+  try {
+    StageModule stage(tied, {{0, 1}});
+    FAIL() << "tied weights accepted";
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("layers first and second share parameter 'b.weight'"), std::string::npos)
+        << e.what();
+  }
+  const LayerList untied = {{"first", {{"a", shared.ptr()}}, identity}, {"second", {{"b", other.ptr()}}, identity}};
+  EXPECT_NO_THROW(StageModule(untied, {{0, 2}}));
 }

@@ -87,8 +87,11 @@ void save_checkpoint(const TrainingState& state, const std::string& root, int64_
 double save_checkpoint_async(const TrainingState& state, BackgroundWriter& writer, int64_t steps_done);
 // A BackgroundWriter that writes the checkpoints of `state` under `root`, keeping `keep`.
 std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, const std::string& root, int keep);
-// Copies this rank's state into its snapshot (written in the background); returns the
-// microseconds the caller was held. No communication (under ZeRO too).
+// Starts the copy of this rank's state into its snapshot (written in the background);
+// returns the microseconds the caller was held. No communication (under ZeRO too). The
+// copy of CPU tensors may still run after it returns: the caller must call
+// snapshotter.before_update() before it next changes the parameters or optimizer state
+// (the next optimizer step), or the snapshot is torn while its checksums still pass.
 double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
 // Loads the newest checkpoint under `root` that verifies (rank 0 chooses; damaged newer
 // ones are named on stderr) and returns its step, or 0 when there is none. A collective.

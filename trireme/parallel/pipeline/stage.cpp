@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
 
 #include "trireme/common/error.h"
 #include "trireme/obs/clock.h"
@@ -47,6 +48,17 @@ std::vector<double> measured_costs(const LayerList& layers, const at::Tensor& in
 StageModule::StageModule(const LayerList& layers, std::vector<LayerRange> ranges)
     : ranges_(std::move(ranges)) {
   const int n = static_cast<int>(layers.size());
+  // Tied weights (one parameter in two layers) would be stepped twice on one stage, and on
+  // two stages trained as two untied copies: refused until the pipeline sums their gradients.
+  std::map<const void*, std::string> owner;
+  for (const auto& layer : layers)
+    for (const auto& [name, module] : layer.modules)
+      for (const auto& item : module->named_parameters()) {
+        const auto [it, fresh] = owner.emplace(item.value().unsafeGetTensorImpl(), layer.name);
+        TRIREME_CHECK(fresh || it->second == layer.name, "layers ", it->second, " and ", layer.name,
+                      " share parameter '", name, ".", item.key(),
+                      "': tied weights are not supported in a pipeline yet; untie them or train without --pp");
+      }
   for (const auto& range : ranges_) {
     TRIREME_CHECK(range.begin >= 0 && range.begin < range.end && range.end <= n, "layer range ",
                   range.begin, ":", range.end, " is outside the model's ", n, " layers");
