@@ -106,6 +106,36 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2, bad.stderr)
         self.assertIn("--replica-batches 6,1 sum to 7 but --global-batch is 8", bad.stderr)
 
+    def test_awkward_device_count_is_planned_and_runs(self):
+        """5 ranks for the 4 layers of the 2-block model and 8 sequences: no pipeline of 5
+        stages, 5 does not divide 8. The replicas take 2,2,2,1,1 and the plan runs; with 3
+        sequences (fewer than the ranks) the plan leaves ranks idle and says so."""
+        plan = os.path.join(self.dir, "awkward-plan.json")
+        out = run(["plan", "--profile", self.profile, "--local", "5", "--global-batch", "8", "--out", plan]).stdout
+        self.assertIn("chosen: ", out)
+        with open(plan) as f:
+            layout = json.load(f)["layout"]
+        sizes = layout["replica_micro_batch_sizes"]
+        self.assertEqual(layout["dp"], 5, layout)
+        self.assertEqual(sum(sizes) * layout["micro_batches"], 8, layout)
+        self.assertEqual(max(sizes) - min(sizes), 1, layout)
+        run_dir = os.path.join(self.dir, "awkward-run")
+        proc = run(["train", "gpt", "--nproc-per-node", "5", "--plan", plan, "--steps", "6", "--out", run_dir,
+                    "--quiet", "--trace-steps", "0", "--sample-tokens", "0"])
+        self.assertIn("step time measured", proc.stderr)
+        with open(os.path.join(run_dir, "run.json")) as f:
+            self.assertEqual(json.load(f)["replica_batches"],
+                             ",".join(str(b * layout["micro_batches"]) for b in sizes))
+        fewer = os.path.join(self.dir, "fewer-plan.json")
+        out = run(["plan", "--profile", self.profile, "--local", "5", "--global-batch", "3", "--out", fewer]).stdout
+        with open(fewer) as f:
+            written = json.load(f)
+        world = len(written["ranks"])
+        self.assertLess(world, 5, written["layout"])
+        self.assertIn(f"no layout runs on all 5 devices; the fastest on fewer uses {world} and leaves {5 - world} idle",
+                      out)
+        self.assertIn(f"--nproc-per-node {world} --plan", out)
+
     def test_measure_top_runs_the_candidates_and_keeps_the_fastest_measured(self):
         """--measure-top K: the search's best and its runners-up are run here for real and the
         plan written is the one with the smallest measured step, which the plan records."""
@@ -152,8 +182,11 @@ class PlanTest(unittest.TestCase):
         proc = run(["plan", "--profile", self.profile, "--cluster", unknown], check=False)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("groups[0].device 'Z9000' is not in the device catalog", proc.stderr)
+        # (A data-parallel layout given, not searched: the cases below edit a plan without a
+        # pipeline, and the search chose a zb-h1 one on some profiles.)
         plan = os.path.join(self.dir, "for-bad.json")
-        run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--out", plan])
+        run(["plan", "--profile", self.profile, "--local", "2", "--global-batch", "8", "--evaluate", "--dp", "2",
+             "--out", plan])
         with open(plan) as f:
             text = json.load(f)
         text["layout"]["micro_batches"] = 0
@@ -176,6 +209,15 @@ class PlanTest(unittest.TestCase):
                        check=False)
             self.assertEqual(proc.returncode, 2, proc.stderr)
             self.assertIn("bad-plan.json: " + message, proc.stderr)
+        # A device given by its figures, on several machines, needs its network's figures
+        # too: the profile's loopback link stood in for it.
+        mi300x = self.write("mi300x.json", {"groups": [
+            {"name": "mi", "device": "MI300X", "tflops": 1307, "memory_gib": 192, "machines": 4}]})
+        proc = run(["plan", "--profile", self.profile, "--cluster", mi300x], check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' spans 4 machines",
+                      proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
         huge = self.write("huge-cluster.json", {"groups": [{"device": "A100", "machines": 3000000000}]})
         proc = run(["plan", "--profile", self.profile, "--cluster", huge], check=False)
         self.assertEqual(proc.returncode, 2, proc.stderr)

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -149,6 +150,22 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
                                     {"device": "V100", "machines": 1}]})")
                 .find("c.json: groups[1].inter_bandwidth_gbps is missing"),
             std::string::npos);
+  // So do the machines of a device given by its figures: the profile's loopback link stood
+  // in for their network. A "cpu" group (this machine's ranks) and one machine need none.
+  const std::string mi300x = error_of(R"({"groups": [{"name": "mi", "device": "MI300X", "tflops": 1307,
+                                                      "memory_gib": 192, "machines": 4}]})");
+  EXPECT_NE(mi300x.find("c.json: groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' spans 4 "
+                        "machines"),
+            std::string::npos)
+      << mi300x;
+  EXPECT_EQ(mi300x.find('\n'), std::string::npos) << mi300x;
+  EXPECT_EQ(error_of(R"({"groups": [{"device": "MI300X", "tflops": 1307, "memory_gib": 192, "machines": 4,
+                                    "inter_bandwidth_gbps": 400}]})"),
+            "accepted");
+  EXPECT_EQ(error_of(R"({"groups": [{"device": "MI300X", "tflops": 1307, "memory_gib": 192, "machines": 1}]})"),
+            "accepted");
+  EXPECT_EQ(error_of(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 8, "machines": 2}]})"),
+            "accepted");
 }
 
 // A 2-stage pipeline with known times gives the known makespan.
@@ -658,6 +675,82 @@ TEST(PlanSearch, EveryRankedLayoutIsOneTheTrainerAccepts) {
   }
   EXPECT_GT(unequal, 0);
   std::remove(path);
+}
+
+// An awkward device count: 7 ranks for a 6-layer model and 16 sequences. No pipeline of 7
+// stages fits 6 layers and 7 does not divide 16, so the search found nothing; dp 7 runs
+// with replicas one sequence apart (3,3,2,2,2,2,2), and the trainer takes every such plan.
+TEST(PlanSearch, AwkwardDeviceCountGivesReplicasNearlyEvenShares) {
+  const Profile p = uniform_profile(4);
+  const Cluster c = local_cluster(7);
+  SearchOptions o;
+  o.global_batch = 16;
+  o.runners_up = 100;
+  o.prune_factor = 1e9;
+  const SearchResult r = search(p, c, o);
+  EXPECT_EQ(r.idle_devices, 0);
+  std::vector<Candidate> all = {r.best};
+  for (const auto& [candidate, why] : r.runners_up) all.push_back(candidate);
+  char path[] = "/tmp/trireme-plan-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  for (const Candidate& candidate : all) {
+    const Layout& l = candidate.layout;
+    EXPECT_EQ(l.world(), 7) << describe(l);
+    EXPECT_EQ(l.global_batch(), 16) << describe(l);
+    ASSERT_EQ(l.replica_micro_batch_sizes.size(), 7u) << describe(l);
+    const auto [least, most] = std::minmax_element(l.replica_micro_batch_sizes.begin(), l.replica_micro_batch_sizes.end());
+    EXPECT_EQ(*most - *least, 1) << describe(l);
+    { std::ofstream(path) << to_json(make_plan(p, c, candidate)); }
+    cli::TrainOptions options;
+    options.plan = path;
+    EXPECT_NO_THROW(cli::validate_train_options(&options, 7)) << describe(l);
+  }
+  EXPECT_EQ(r.best.layout.micro_batches, 1) << describe(r.best.layout);
+  EXPECT_EQ(r.best.layout.replica_micro_batch_sizes, (std::vector<int>{3, 3, 2, 2, 2, 2, 2}));
+  std::remove(path);
+}
+
+// Where nothing runs on every device (4 sequences cannot feed 7 replicas, nor 7 stages
+// 6 layers), the fastest layout on fewer of them, the rest counted idle; the trainer takes
+// it at its own world size. Without the fallback the search still refuses.
+TEST(PlanSearch, NothingOnEveryDeviceFallsBackToFewer) {
+  Profile p = uniform_profile(4);
+  p.allreduce = Link{1e-3, 1e9};
+  const Cluster c = local_cluster(7);
+  SearchOptions o;
+  o.global_batch = 4;
+  const SearchResult r = search(p, c, o);
+  const Layout& l = r.best.layout;
+  EXPECT_GT(r.idle_devices, 0);
+  EXPECT_EQ(l.world() + r.idle_devices, 7) << describe(l);
+  EXPECT_EQ(l.global_batch(), 4) << describe(l);
+  // At no size from 1 to 6 devices is there a faster layout.
+  for (int n = 1; n <= 6; ++n) {
+    SearchOptions whole = o;
+    whole.fewer_devices = false;
+    try {
+      EXPECT_GE(search(p, local_cluster(n), whole).best.estimate.step_s, r.best.estimate.step_s * (1 - 1e-12)) << n;
+    } catch (const InvalidArgument&) {
+    }
+  }
+  char path[] = "/tmp/trireme-plan-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  { std::ofstream(path) << to_json(make_plan(p, c, r.best)); }
+  cli::TrainOptions options;
+  options.plan = path;
+  EXPECT_NO_THROW(cli::validate_train_options(&options, l.world())) << describe(l);
+  std::remove(path);
+  o.fewer_devices = false;
+  try {
+    search(p, c, o);
+    FAIL() << "a layout ran on all 7 devices";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no layout was considered"), std::string::npos) << e.what();
+  }
 }
 
 // Replicas on devices of unequal speed: the slow replica's pipeline replayed at its own

@@ -267,6 +267,9 @@ int plan_main(const std::vector<std::string>& args) {
     chosen = r.best;
     std::printf("searched %lld layouts (%lld more pruned by their lower bound) in %.3f s\n",
                 static_cast<long long>(r.evaluated), static_cast<long long>(r.pruned), r.search_s);
+    if (r.idle_devices > 0)
+      std::printf("no layout runs on all %d devices; the fastest on fewer uses %d and leaves %d idle\n",
+                  cluster.devices(), cluster.devices() - r.idle_devices, r.idle_devices);
     std::printf("chosen: %s\n", plan::describe(chosen.layout).c_str());
     print_candidate(chosen, cluster);
     if (!r.runners_up.empty() && f.runners_up > 0) {
@@ -282,8 +285,9 @@ int plan_main(const std::vector<std::string>& args) {
       symmetric.aware = false;
       try {
         const plan::SearchResult sym = plan::search(profile, cluster, symmetric);
-        std::printf("best symmetric layout (devices in file order, even split): %s\n",
-                    plan::describe(sym.best.layout).c_str());
+        std::printf("best symmetric layout (devices in file order, even split): %s%s\n",
+                    plan::describe(sym.best.layout).c_str(),
+                    sym.idle_devices > 0 ? (" (" + std::to_string(sym.idle_devices) + " devices idle)").c_str() : "");
         std::printf("  predicted step %s; the chosen layout is %.2fx faster\n", ms(sym.best.estimate.step_s).c_str(),
                     sym.best.estimate.step_s / chosen.estimate.step_s);
       } catch (const InvalidArgument& e) {

@@ -123,14 +123,21 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
                             std::to_string(std::numeric_limits<int>::max()) + " devices");
   }
   if (c.groups.empty()) root.at("groups").fail("is empty; describe at least one group of machines");
-  // Traffic between machines of catalog devices needs the network's figures: without them
-  // the profile's own (this machine's loopback) link would stand in for it.
+  // Traffic between machines of accelerators needs the network's figures: without them the
+  // profile's own (this machine's loopback) link would stand in for it. Only "cpu" groups,
+  // this machine's ranks, may go without (a catalog device in any cluster of several
+  // machines, another device in a group of several).
   const std::vector<Field> groups = root.at("groups").items();
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const MachineGroup& g = c.groups[i];
+    if (g.inter.bandwidth_Bps > 0) continue;
     const bool catalog = g.intra.bandwidth_Bps > 0;
-    if (catalog && c.machines() > 1 && g.inter.bandwidth_Bps == 0)
+    if (catalog && c.machines() > 1)
       groups[i].at("inter_bandwidth_gbps").fail("is needed: the cluster has several machines");
+    if (!catalog && g.device != "cpu" && g.machines > 1)
+      TRIREME_THROW(InvalidArgument, origin, ": ", groups[i].path(), ".inter_bandwidth_gbps is missing: group '",
+                    g.name, "' of device '", g.device, "' spans ", g.machines, " machines, whose network this "
+                    "machine's measured link cannot stand in for; give the network's Gb/s (and inter_latency_us)");
   }
   for (size_t i = 0; i < c.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)

@@ -166,6 +166,14 @@ std::vector<std::vector<int>> batch_shares(int64_t per_step, const std::vector<i
   return out;
 }
 
+// `per_step` sequences over `dp` replicas on equal devices, as evenly as whole sequences
+// allow: the first per_step % dp replicas take one more (16 over 7: 3,3,2,2,2,2,2).
+std::vector<int> near_even_shares(int64_t per_step, int dp) {
+  std::vector<int> out(dp, static_cast<int>(per_step / dp));
+  for (int r = 0; r < per_step % dp; ++r) ++out[r];
+  return out;
+}
+
 // A layout's sizes, schedule and placement (split, micro-batch size and ZeRO still to
 // set); false when the schedule refuses m (e.g. interleaved with m not a multiple of pp).
 bool make_layout(int dp, int tp, int pp, const Schedule& schedule, int64_t m, const std::vector<DeviceSlot>& ranks,
@@ -260,12 +268,15 @@ std::string describe(const Layout& l) {
   return out.str();
 }
 
-SearchResult search(const Profile& profile, const Cluster& cluster, const SearchOptions& o) {
-  const auto started = std::chrono::steady_clock::now();
-  TRIREME_CHECK(o.global_batch >= 1 && o.global_batch <= kMaxGlobalBatch, "the global batch (--global-batch) must be "
-                "from 1 to ", kMaxGlobalBatch, " sequences, got ", o.global_batch);
+namespace {
+
+// The search over whole groups (every device of each group it uses). False when no layout
+// fits, with *closest saying which came nearest (or that none was considered); `result`'s
+// counts and rejected families are filled either way.
+bool search_whole_groups(const Profile& profile, const Cluster& cluster, const SearchOptions& o, SearchResult* out,
+                         std::string* closest) {
   const int layers = static_cast<int>(profile.layers.size());
-  SearchResult result;
+  SearchResult& result = *out;
   std::map<std::string, Candidate> best_of_family;
   std::map<std::string, std::pair<double, std::string>> unfit;  // family -> (memory, reason)
   double best_step = 1e300;
@@ -328,18 +339,29 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
         if (!tp_ok) continue;
         const int dp = static_cast<int>(d / tp);
         const int pp = total / static_cast<int>(d);
-        if (pp > layers || o.global_batch % dp != 0) continue;
-        const int64_t per_replica = o.global_batch / dp;
+        if (pp > layers) continue;
+        // Every replica crosses the same groups: an even share each, or, when dp does not
+        // divide the batch, shares one sequence apart per micro-batch (m then divides the
+        // global batch, and a micro-batch of every replica takes at least one sequence each).
+        const bool even = o.global_batch % dp == 0;
+        std::vector<int64_t> counts = micro_batch_counts(even ? o.global_batch / dp : o.global_batch,
+                                                         o.max_micro_batches);
+        if (!even)
+          counts.erase(std::remove_if(counts.begin(), counts.end(), [&](int64_t m) { return o.global_batch / m < dp; }),
+                       counts.end());
         for (const std::vector<int>& ord : orders) {
           std::vector<int> stage_group;
           const std::vector<DeviceSlot> ranks = place_by_groups(cluster, ord, dp, static_cast<int>(tp), &stage_group);
           std::vector<std::string> names;
           for (int g : ord) names.push_back(cluster.groups[g].name);
           for (const Schedule& sched : schedules_for(pp, layers, o)) {
-            for (int64_t m : micro_batch_counts(per_replica, o.max_micro_batches)) {
+            for (int64_t m : counts) {
               Layout l;
               if (!make_layout(dp, static_cast<int>(tp), pp, sched, m, ranks, &l)) continue;
-              l.micro_batch_size = static_cast<int>(per_replica / m);
+              const int64_t per_step = o.global_batch / m;
+              l.micro_batch_size = static_cast<int>((per_step + dp - 1) / dp);
+              if (!even) l.replica_micro_batch_sizes = near_even_shares(per_step, dp);
+              // The split and the lower bound's work at the largest share (the slowest replica).
               const std::vector<double> costs = layer_costs(profile, l.micro_batch_size);
               const double work = std::accumulate(costs.begin(), costs.end(), 0.0);
               std::vector<double> speeds;
@@ -433,20 +455,17 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
       }
     }
   }
-  result.search_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (const auto& [key, value] : unfit)
     if (!best_of_family.count(key)) result.rejected.emplace_back(key, value.second);
   if (best_of_family.empty()) {
-    std::string closest = "no layout was considered (check the global batch and the cluster)";
+    *closest = "no layout was considered (check the global batch and the cluster)";
     double smallest = 1e300;
     for (const auto& [key, value] : unfit)
       if (value.first < smallest) {
         smallest = value.first;
-        closest = key + ": " + value.second;
+        *closest = key + ": " + value.second;
       }
-    TRIREME_THROW(InvalidArgument, "no layout fits this cluster; the closest, ", closest,
-                  "; use more or larger devices, or a smaller model or batch");
+    return false;
   }
   std::vector<Candidate> ranked;
   for (auto& [key, c] : best_of_family) ranked.push_back(c);
@@ -456,6 +475,55 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
   result.best = ranked.front();
   for (size_t i = 1; i < ranked.size() && static_cast<int>(i) <= o.runners_up; ++i)
     result.runners_up.emplace_back(ranked[i], why_lost(ranked[i], result.best));
+  return true;
+}
+
+// One device fewer in a one-group cluster: a whole machine while there are several, then
+// a device of the last one. False at one device.
+bool drop_a_device(Cluster* cluster) {
+  MachineGroup& g = cluster->groups[0];
+  if (g.machines > 1) --g.machines;
+  else if (g.devices_per_machine > 1) --g.devices_per_machine;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+SearchResult search(const Profile& profile, const Cluster& cluster, const SearchOptions& o) {
+  const auto started = std::chrono::steady_clock::now();
+  TRIREME_CHECK(o.global_batch >= 1 && o.global_batch <= kMaxGlobalBatch, "the global batch (--global-batch) must be "
+                "from 1 to ", kMaxGlobalBatch, " sequences, got ", o.global_batch);
+  SearchResult result;
+  std::string closest;
+  bool found = search_whole_groups(profile, cluster, o, &result, &closest);
+  if (!found && result.evaluated == 0 && o.fewer_devices && cluster.groups.size() == 1) {
+    // An awkward device count (a prime one above the layer count, with fewer sequences
+    // than devices, say) may leave no layout that runs on all of them: the fastest on
+    // fewer, the others left idle. A smaller size's (machine, device) slots are the whole
+    // cluster's, so its layouts are the whole cluster's as they stand. (Where layouts ran
+    // but none fit in memory the error stays: trying every smaller size took 22 s instead
+    // of 0.9 s on 64 machines of 8 A100s, to fail again in all but rare cases.)
+    Cluster fewer = cluster;
+    while (drop_a_device(&fewer)) {
+      SearchResult r;
+      std::string unused;
+      const bool fits = search_whole_groups(profile, fewer, o, &r, &unused);
+      result.evaluated += r.evaluated;
+      result.pruned += r.pruned;
+      if (fits && (!found || r.best.estimate.step_s < result.best.estimate.step_s)) {
+        r.evaluated = result.evaluated;
+        r.pruned = result.pruned;
+        result = std::move(r);
+        result.idle_devices = cluster.devices() - fewer.devices();
+        found = true;
+      }
+    }
+  }
+  if (!found)
+    TRIREME_THROW(InvalidArgument, "no layout fits this cluster; the closest, ", closest,
+                  "; use more or larger devices, or a smaller model or batch");
+  result.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }
 
@@ -466,12 +534,16 @@ std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& clus
   // (Checked here: search's own refusal would read as "nothing fits" at every size.)
   TRIREME_CHECK(options.global_batch >= 1 && options.global_batch <= kMaxGlobalBatch,
                 "the global batch must be from 1 to ", kMaxGlobalBatch, " sequences, got ", options.global_batch);
+  // (Fewer machines are this function's own sizes; search's fallback to fewer devices
+  // would search them again inside each.)
+  SearchOptions whole = options;
+  whole.fewer_devices = false;
   std::vector<Candidate> out(max_machines + 1);
   for (int n = 1; n <= max_machines; ++n) {
     Cluster shrunk = cluster;
     shrunk.groups[0].machines = n;
     try {
-      out[n] = search(profile, shrunk, options).best;
+      out[n] = search(profile, shrunk, whole).best;
     } catch (const InvalidArgument&) {
       out[n] = Candidate{};  // nothing fits on n machines: step_s stays 0
     }

@@ -12,7 +12,9 @@
 //                 groups by speed, fastest first and slowest first)
 //   schedule      gpipe, 1f1b, interleaved (v = 2..max_chunks), zb-h1 when pp > 1
 //   m, b          micro-batches per replica and their size, m*b = global_batch/dp, m up
-//                 to max_micro_batches
+//                 to max_micro_batches; when dp does not divide the global batch, m
+//                 divides it and the replicas' sizes are one sequence apart (16 over
+//                 dp 7 at m 1: 3,3,2,2,2,2,2)
 //   zero          0, 1, 2 when dp > 1
 //   layer split   contiguous, balanced for time on each stage's device speed (a slower
 //                 stage gets fewer layers): min-max partition, one split for every replica
@@ -23,6 +25,13 @@
 // everywhere: pp > 1 on accelerator groups (`trireme train --device cuda` refuses
 // pipelines for now; such plans run on CPU ranks). Only the symmetric baseline below may
 // spread a stage over two groups (as symmetric planning does on a mixed cluster).
+//
+// Fewer devices: when no layout can run on every device of a one-group cluster (its
+// device count splits into no pipeline of at most the model's layers whose replicas the
+// batch can feed), the same search on the cluster less one machine, then less one device
+// of the last machine, down to one device; the fastest layout found on any of these sizes
+// is the result, with the devices it leaves idle counted. Layouts that run but do not fit
+// in memory are an error as before.
 //
 // Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
 // fastest device) is already slower than `prune_factor` x the best found is not replayed.
@@ -53,6 +62,9 @@ struct SearchOptions {
   int64_t max_micro_batches = 256;  // m is tried from 1 to this
   int runners_up = 5;
   double prune_factor = 1.5;
+  // When no layout can run on every device of a one-group cluster: the fastest layout on
+  // fewer devices (SearchResult::idle_devices), instead of an error.
+  bool fewer_devices = true;
   CostOptions cost;
 };
 
@@ -72,6 +84,10 @@ struct SearchResult {
   int64_t evaluated = 0;  // layouts estimated
   int64_t pruned = 0;     // layouts skipped by the lower bound
   double search_s = 0;
+  // Devices of a one-group cluster the layouts leave idle because no layout can run on all
+  // of them (SearchOptions::fewer_devices): whole machines, then the last machine's last
+  // devices. 0 otherwise.
+  int idle_devices = 0;
 };
 
 // Throws InvalidArgument when nothing fits, naming the closest layout and why.
