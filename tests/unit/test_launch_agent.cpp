@@ -1,11 +1,14 @@
 // The node agent driven through an in-memory AgentChannel with real (sh) workers: output
 // prefixing, failure detection and publication, reacting to another node's failure,
-// SIGKILL after the grace period, the join timeout, and the hang watch (--heartbeat-timeout).
+// SIGKILL after the grace period, the join timeout, the hang watch (--heartbeat-timeout), and
+// restarts with other nodes faked through the channel (lost members and leaders).
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <condition_variable>
@@ -27,10 +30,14 @@ namespace {
 class MemoryChannel : public AgentChannel {
  public:
   std::function<void(const std::string&)> before_wait;  // e.g. throws, as a lost store does
+  std::function<void(const std::string&)> after_set;    // looks at the agent at that moment
   void set(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    values_[key] = value;
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      values_[key] = value;
+      cv_.notify_all();
+    }
+    if (after_set) after_set(key);
   }
   std::optional<std::string> try_get(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -671,4 +678,136 @@ TEST(LaunchAgent, ARestartStopsWhatAnExitedWorkerLeftBehind) {
   while (running(&line) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_FALSE(running(&line)) << "the exited worker's child is still running: " << line;
   if (running(&line)) ::kill(orphan, SIGKILL);  // (not left behind by the test)
+}
+
+// A worker that exits stays a zombie until the agent has signalled its process group (for
+// what it left behind there), then is reaped: its pid, the group's id, cannot be given to
+// another process meanwhile, which the signal would reach (before, the worker was reaped
+// at once and its group signalled by number later, when a restart stopped the workers).
+TEST(LaunchAgent, AnExitedWorkerKeepsItsPidUntilItsGroupIsSignalled) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const std::string pidfile = "/tmp/trireme-test-agent-zombie-" + std::to_string(::getpid());
+  ::unlink(pidfile.c_str());
+  pid_t worker = -1;
+  char state_at_restart = '?';  // the worker's state when the restart starts stopping workers
+  channel.after_set = [&](const std::string& key) {
+    if (key != keys::restart(1)) return;  // set just before stop_workers
+    std::ifstream in(pidfile);
+    in >> worker;
+    std::ifstream stat("/proc/" + std::to_string(worker) + "/stat");
+    std::string line;
+    state_at_restart = std::getline(stat, line) ? line[line.rfind(')') + 2] : '-';  // '-': gone
+  };
+  LaunchOptions o = sh_options(1, "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then echo $$ > " + pidfile +
+                                      "; exit 3; fi; exit 0");
+  o.max_restarts = 1;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  ::unlink(pidfile.c_str());
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  ASSERT_GT(worker, 0) << "the worker wrote no pid";
+  EXPECT_EQ(state_at_restart, 'Z') << "the exited worker was reaped before its group was signalled";
+  errno = 0;
+  EXPECT_EQ(::waitpid(worker, nullptr, WNOHANG), -1);  // and reaped since: no longer our child
+  EXPECT_EQ(errno, ECHILD);
+}
+
+// A restart's leader can die with its machine in the middle of the restart (two spot
+// machines reclaimed seconds apart). Node 0 here starts restart 1, checks in first (it
+// leads), names itself, and never beats again; this agent (node 1) takes over after
+// --node-timeout, counting node 0 lost: the elastic job goes on alone, the fixed-size one
+// ends naming node 0 (before, node 1 waited for the membership until --join-timeout and
+// the job failed although enough nodes survived).
+TEST(LaunchAgent, ARestartWhoseLeaderDiesIsDecidedByAnother) {
+  for (const bool is_elastic : {true, false}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    channel.set(keys::kRunId, "abc");
+    channel.add(keys::kJoined, 1);  // node 0 joined
+    LaunchOptions o = one_node_left_options(
+        "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE rank=$RANK; "
+        "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi",
+        1);
+    o.node_rank = 1;
+    o.nnodes_min = is_elastic ? 1 : 0;
+    o.join_timeout_s = 10;
+    std::thread node0([&] {
+      // It beats until this agent beats too (its workers run), then its worker fails.
+      for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
+        channel.set(keys::alive(0), std::to_string(beat));
+      channel.add(keys::restart_claimed(1), 1);
+      channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
+      channel.set(keys::restart_in(1, 0), "1");
+      channel.add(keys::restart_stopped(1), 1);
+      channel.set(keys::restart_lead(1, 0), "0");
+    });
+    const auto start = Clock::now();
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    node0.join();
+    EXPECT_LT(seconds_since(start), 8.0) << "waited for --join-timeout";
+    const std::string out = io.stdout_text(), err = io.stderr_text();
+    EXPECT_NE(err.find("node 0, leading restart 1, went silent; node 1 decides the membership instead"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(channel.try_get(keys::restart_lead(1, 1)), "1");
+    if (is_elastic) {
+      EXPECT_EQ(result.exit_code, 0) << result.failure;
+      EXPECT_NE(out.find("gen=1 world=1 rank=0"), std::string::npos) << out;
+      EXPECT_NE(err.find("node 0 is lost (no heartbeat for 0.5 s); going on with nodes 1"), std::string::npos) << err;
+      EXPECT_EQ(channel.try_get(keys::restart_members(1)), "1");
+      EXPECT_EQ(channel.try_get(keys::lost(0)), "1");  // a replacement may take its --node-rank
+    } else {
+      const std::string failure = "node 0 is lost (no heartbeat for 0.5 s); 1 node left, fewer than the 2 the job "
+                                  "needs (give --nnodes MIN:MAX to go on with fewer)";
+      EXPECT_EQ(result.exit_code, 1);
+      EXPECT_EQ(result.failure, failure);
+      EXPECT_EQ(channel.try_get(keys::kFailure), failure);
+      EXPECT_EQ(channel.try_get(keys::restart_members(1)), "");
+    }
+  }
+}
+
+// The leader dies right after deciding, before it reaches the recovery barrier: this agent
+// does not wait there until --join-timeout, but restarts again without it once its
+// heartbeat has stopped for --node-timeout.
+TEST(LaunchAgent, AMemberLostBeforeTheRecoveryBarrierIsRestartedWithout) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);  // node 0 joined
+  LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec "
+      "sleep 30; fi",
+      2);
+  o.node_rank = 1;
+  o.join_timeout_s = 10;
+  std::thread node0([&] {
+    for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
+      channel.set(keys::alive(0), std::to_string(beat));
+    channel.add(keys::restart_claimed(1), 1);
+    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
+    channel.set(keys::restart_in(1, 0), "1");
+    channel.add(keys::restart_stopped(1), 1);
+    channel.set(keys::restart_lead(1, 0), "0");
+    // It beats on until this agent has checked in, decides both stay, and is gone.
+    for (int beat = 200; beat < 400 && !channel.wait_for(keys::restart_in(1, 1), std::chrono::milliseconds(50));
+         ++beat)
+      channel.set(keys::alive(0), std::to_string(beat));
+    channel.add(keys::restart_published(1), 1);
+    channel.set(keys::restart_members(1), "0,1");
+  });
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  node0.join();
+  EXPECT_LT(seconds_since(start), 8.0) << "waited for --join-timeout";
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = io.stdout_text(), err = io.stderr_text();
+  EXPECT_EQ(out.find("gen=1"), std::string::npos) << out;  // generation 1 never started
+  EXPECT_NE(out.find("gen=2 world=1"), std::string::npos) << out;
+  EXPECT_NE(err.find("node 0 is lost (no heartbeat for 0.5 s) before restart 1 had recovered; restarting the "
+                     "workers (restart 2 of 2)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "1");
+  EXPECT_EQ(channel.try_get(keys::lost(0)), "1");
 }

@@ -201,3 +201,29 @@ TEST(LaunchProcess, ReapWithinGivesUpOnAChildThatDoesNotEnd) {
   EXPECT_EQ(errno, ECHILD);
   EXPECT_TRUE(reap_within(p.pid, std::chrono::milliseconds(0)));  // idempotent
 }
+
+// child_ended sees a child end without reaping it: the zombie keeps its pid, by which the
+// agent still signals an exited worker's process group (stop_workers), until the caller
+// reaps it; the status is the one waitpid() then gives.
+TEST(LaunchProcess, ChildEndedLeavesTheChildToReapWithWaitpidsStatus) {
+  for (const char* script : {"exit 3", "exec sleep 60"}) {
+    const SpawnedProcess p = spawn_process("/bin/sh", {"/bin/sh", "-c", script}, {});
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+    int status = -1;
+    if (std::string(script) == "exec sleep 60") {
+      EXPECT_FALSE(child_ended(p.pid, &status));  // running
+      signal_process_group(p.pid, SIGKILL);
+    }
+    siginfo_t info{};
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOWAIT), 0);  // until it ends
+    ASSERT_TRUE(child_ended(p.pid, &status)) << script;
+    EXPECT_TRUE(child_ended(p.pid, &status)) << script;  // still there: nothing was reaped
+    int reaped = -1;
+    EXPECT_EQ(::waitpid(p.pid, &reaped, WNOHANG), p.pid) << script;
+    EXPECT_EQ(status, reaped) << script;
+    EXPECT_EQ(describe_wait_status(status),
+              std::string(script) == "exit 3" ? "exited with code 3" : "was killed by signal 9 (SIGKILL)");
+    EXPECT_FALSE(child_ended(p.pid, &status)) << script;  // reaped
+  }
+}

@@ -3,9 +3,10 @@
 // One thread does everything: a poll() over the signal self-pipe and every worker's
 // stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
 // store's failure key. Each wake-up forwards at most one read per pipe, so a worker that
-// writes without pause does not hold the loop. Workers are reaped with waitpid(WNOHANG)
-// after every wake-up (SIGCHLD wakes the poll), and a reaped worker's pipes are drained
-// before they close, so no output it wrote is lost.
+// writes without pause does not hold the loop. Workers that ended are found after every
+// wake-up (SIGCHLD wakes the poll; child_ended, which leaves them zombies until their
+// process group has been signalled: see stop_workers), and an ended worker's pipes are
+// drained before they close, so no output it wrote is lost.
 #include "trireme/launch/agent.h"
 
 #include <poll.h>
@@ -27,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "trireme/common/error.h"
@@ -155,7 +157,7 @@ constexpr double kSilentLossGrace = 0.5;
 struct Worker {
   int local_rank = 0;
   int rank = 0;
-  pid_t pid = -1;
+  pid_t pid = -1;  // -1 once reaped (after it ended, in stop_workers)
   int fds[2] = {-1, -1};  // stdout, stderr read ends
   std::optional<LinePrefixer> lines[2];
   bool running = false;
@@ -190,7 +192,8 @@ class Agent {
   void spawn_standby(int generation);
   void end_standby();
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
-  std::optional<LaunchResult> decide_members(int generation);
+  std::optional<LaunchResult> decide_members(int generation, const std::vector<int>& lost_leaders = {});
+  std::optional<LaunchResult> await_members(int generation);
   std::optional<LaunchResult> take_members(int generation, const std::string& members);
   std::optional<LaunchResult> await_recovery(int generation);
   void enter(int generation, const std::vector<int>& members);
@@ -264,6 +267,9 @@ class Agent {
   std::string first_failure_;  // the first worker that failed on its own
   bool stopping_ = false;      // workers dying now are ones we are stopping
   std::string published_failure_;  // what kFailure held when we last looked
+  // A member lost at the recovery barrier of the last restart (await_recovery): run()
+  // restarts again without it instead of starting workers.
+  std::optional<Event> lost_at_barrier_;
 };
 
 Agent::~Agent() {
@@ -273,6 +279,8 @@ Agent::~Agent() {
       signal_process_group(w.pid, SIGKILL);
       // Never block here: a worker stuck in the kernel is left to init to reap.
       ::waitpid(w.pid, nullptr, WNOHANG);
+    } else if (w.pid > 0) {
+      ::waitpid(w.pid, nullptr, WNOHANG);  // it ended; reap() left it a zombie
     }
     close_stream(w, 0);
     close_stream(w, 1);
@@ -295,9 +303,15 @@ LaunchResult Agent::run() {
   if (auto refused = join()) return *refused;
   make_snapshot_dir();
   while (true) {
-    if (keeper_ && !snapshot_dir_.empty()) keeper_->start(keeper_generation());
-    const std::optional<Event> failed = spawn_workers(generation_);
-    Event event = failed ? *failed : supervise();
+    // A member lost at the last restart's recovery barrier: restart again without it, as
+    // for a member lost while the workers run (or end the job when no restart is left).
+    const std::optional<Event> lost = std::exchange(lost_at_barrier_, std::nullopt);
+    std::optional<Event> failed;
+    if (!lost) {
+      if (keeper_ && !snapshot_dir_.empty()) keeper_->start(keeper_generation());
+      failed = spawn_workers(generation_);
+    }
+    Event event = lost ? *lost : failed ? *failed : supervise();
     if (event.ending == Ending::kSignal && event.signal == SIGTERM && elastic(options_) && !is_host()) {
       end_standby();
       LaunchResult result = leave(event);
@@ -403,7 +417,8 @@ KeeperGeneration Agent::keeper_generation() const {
 // asked, a member was lost or left, a node asks to join) and checks in; the first to
 // check in leads: it waits until each member of the old generation has checked in, left
 // or gone silent for --node-timeout, adds the nodes waiting to join (up to --nnodes MAX),
-// and publishes the new membership. Survivors then rebuild what the lost machines held
+// and publishes the new membership. (A leader that goes silent itself is replaced: see
+// await_members.) Survivors then rebuild what the lost machines held
 // (SnapshotKeeper::recover), all meet at a barrier, and start their workers, which
 // resume from their snapshots (TORCHELASTIC_RESTART_COUNT tells them it is a restart).
 // Returns the job's result when that fails (a signal, a failure, too few nodes, time-out).
@@ -444,34 +459,80 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   stopping_ = false;
   try {
     channel_.set(keys::restart_in(generation, options_.node_rank), "1");
-    if (channel_.add(keys::restart_stopped(generation), 1) == 1)
+    if (channel_.add(keys::restart_stopped(generation), 1) == 1) {
+      channel_.set(keys::restart_lead(generation, 0), std::to_string(options_.node_rank));
       if (auto refused = decide_members(generation)) return refused;
+    }
   } catch (const Error& e) {
     return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
   }
+  return await_members(generation);
+}
+
+// Waits for the membership of restart `generation` (bounded by --join-timeout), then
+// enters it. The agent leading the decision can die with its machine in the middle of the
+// restart (two spot machines reclaimed seconds apart): when its heartbeat has not changed
+// for --node-timeout, the first waiting member to claim the next attempt
+// (keys::restart_lead) leads instead, counting the leaders before it lost. An attempt
+// claimed but not yet named (its claimer died between the two) gets as long, from when
+// this agent first saw the claim.
+std::optional<LaunchResult> Agent::await_members(int generation) {
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
-  switch (wait_key(keys::restart_members(generation), deadline, /*watch_failure=*/true)) {
-    case WaitEnd::kSet:
-      break;
-    case WaitEnd::kSignal:
-      return signalled_while_restarting();
-    case WaitEnd::kFailure:
-      return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
-    case WaitEnd::kTimeout: {
+  int attempt = 0;  // the attempt at deciding that this agent follows
+  auto followed_since = Clock::now();
+  while (true) {
+    switch (wait_key(keys::restart_members(generation), std::min(deadline, Clock::now() + kFailurePollInterval),
+                     /*watch_failure=*/true)) {
+      case WaitEnd::kSet:
+        return take_members(generation, channel_.try_get(keys::restart_members(generation)).value_or(""));
+      case WaitEnd::kSignal:
+        return signalled_while_restarting();
+      case WaitEnd::kFailure:
+        return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+      case WaitEnd::kTimeout:
+        break;
+    }
+    if (Clock::now() >= deadline) {
       const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
                                   " s waiting for the membership of restart " + std::to_string(generation);
       publish_failure(failure);
       return LaunchResult{1, failure};
     }
+    // Another member has claimed a later attempt (its leader went silent too): follow that.
+    for (; channel_.add(keys::restart_lead_claimed(generation, attempt + 1), 0) > 0; ++attempt)
+      followed_since = Clock::now();
+    const std::optional<std::string> named = channel_.try_get(keys::restart_lead(generation, attempt));
+    const int leader = named ? std::stoi(*named) : -1;
+    const bool silent = named ? leader != options_.node_rank && stale(leader, Clock::now())
+                              : Clock::now() - followed_since >= seconds(options_.node_timeout_s);
+    if (!silent || channel_.add(keys::restart_lead_claimed(generation, attempt + 1), 1) != 1) continue;
+    channel_.set(keys::restart_lead(generation, attempt + 1), std::to_string(options_.node_rank));
+    std::vector<int> lost_leaders;
+    for (int a = 0; a <= attempt; ++a) {
+      const int id = std::stoi(channel_.try_get(keys::restart_lead(generation, a)).value_or("-1"));
+      if (id >= 0 && id != options_.node_rank && !contains(lost_leaders, id)) lost_leaders.push_back(id);
+    }
+    write_all(io_.stderr_fd, "trireme run: " +
+                                 (named ? "node " + *named + ", leading restart " + std::to_string(generation) + ","
+                                        : "the agent leading restart " + std::to_string(generation)) +
+                                 " went silent; " + node() + " decides the membership instead\n");
+    if (auto refused = decide_members(generation, lost_leaders)) return refused;
   }
-  return take_members(generation, channel_.try_get(keys::restart_members(generation)).value_or(""));
 }
 
-// The leader's part of a restart (see restart_generation).
-std::optional<LaunchResult> Agent::decide_members(int generation) {
+// The leader's part of a restart (see restart_generation). lost_leaders: agents that led
+// the decision before this one and went silent (await_members); they are lost although
+// they checked in.
+std::optional<LaunchResult> Agent::decide_members(int generation, const std::vector<int>& lost_leaders) {
   std::map<int, NodeState> states;
-  std::vector<int> waiting = members_;  // old members not yet checked in, left or lost
-  std::vector<int> ended;               // old members whose agent is ending (keys::done)
+  std::vector<int> waiting;  // old members not yet checked in, left or lost
+  for (int id : members_) {
+    if (contains(lost_leaders, id))
+      states[id] = NodeState::kLost;
+    else
+      waiting.push_back(id);
+  }
+  std::vector<int> ended;  // old members whose agent is ending (keys::done)
   const auto now = Clock::now();
   for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join
     if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) waiting.push_back(id);
@@ -503,6 +564,9 @@ std::optional<LaunchResult> Agent::decide_members(int generation) {
     if (first_signal_)
       return signalled_while_restarting();
   }
+  // A leader taken for lost meanwhile (a stall longer than --node-timeout, not a death)
+  // decides too: only the first decision is published, and the others wait for it.
+  if (channel_.add(keys::restart_published(generation), 1) != 1) return std::nullopt;
   if (!ended.empty()) {
     const std::string failure =
         channel_.try_get(keys::kFailure)
@@ -562,21 +626,39 @@ void Agent::enter(int generation, const std::vector<int>& members) {
   peer_beats_.clear();
 }
 
+// The recovery barrier of restart `generation`. A member that dies before it gets there
+// (the leader, say, right after deciding) would hold the others until --join-timeout:
+// once its heartbeat has not changed for --node-timeout, this agent leaves the barrier
+// with lost_at_barrier_ set, and run() restarts again without it.
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
+  channel_.set(keys::restart_recovered(generation, options_.node_rank), "1");
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
     channel_.set(keys::restart_resume(generation), std::to_string(wall_us(Clock::now())));
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
-  switch (wait_key(keys::restart_resume(generation), deadline, /*watch_failure=*/true)) {
-    case WaitEnd::kSet:
-      recovered_ = Clock::now();
-      restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
-      return std::nullopt;
-    case WaitEnd::kSignal:
-      return signalled_while_restarting();
-    case WaitEnd::kFailure:
-      return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
-    case WaitEnd::kTimeout:
-      break;
+  while (true) {
+    switch (wait_key(keys::restart_resume(generation), std::min(deadline, Clock::now() + kFailurePollInterval),
+                     /*watch_failure=*/true)) {
+      case WaitEnd::kSet:
+        recovered_ = Clock::now();
+        restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
+        return std::nullopt;
+      case WaitEnd::kSignal:
+        return signalled_while_restarting();
+      case WaitEnd::kFailure:
+        return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+      case WaitEnd::kTimeout:
+        break;
+    }
+    if (Clock::now() >= deadline) break;
+    for (int id : members_)
+      if (id != options_.node_rank && !channel_.try_get(keys::restart_recovered(generation, id)) &&
+          stale(id, Clock::now())) {
+        lost_at_barrier_ = Event{Ending::kNodeLost,
+                                 lost_node(id, options_.node_timeout_s) + " before restart " +
+                                     std::to_string(generation) + " had recovered",
+                                 0, true};
+        return std::nullopt;
+      }
   }
   const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
                               " s waiting for the other agents to recover their snapshots for restart " +
@@ -761,6 +843,7 @@ std::optional<LaunchResult> Agent::join_running() {
       channel_.set(keys::pending(options_.node_rank), "");
       enter(generation, members);
       if (auto refused = await_recovery(generation)) return refused;
+      if (lost_at_barrier_) return std::nullopt;  // a member: run() restarts without the lost one
       write_all(io_.stderr_fd, "trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
                                    " (nodes " + join_ids(members) + ")\n");
       return std::nullopt;
@@ -1028,7 +1111,7 @@ void Agent::reap() {
   for (auto& w : workers_) {
     if (!w.running) continue;
     int status = 0;
-    if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    if (!child_ended(w.pid, &status)) continue;  // (not reaped: stop_workers does that)
     w.running = false;
     for (int s = 0; s < 2; ++s) {
       forward(w, s, kDrainReads);  // what it wrote before exiting is still in the pipe
@@ -1120,20 +1203,14 @@ void Agent::remove_old_rank_dirs() {
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
 // or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrives.
 // A worker that already exited may have left children in its process group (a shell's
-// background job, a launcher's child): they get the same signals through the group alone
-// (never its pid, which may be another process's by now; nor a group a standby leads).
+// background job, a launcher's child): they get the same signals through the group. That
+// is safe because reap() leaves an exited worker a zombie (child_ended): its pid, the
+// group's id, cannot be another process's yet. Exited workers are reaped here once their
+// groups have been signalled, and never signalled again.
 void Agent::stop_workers(double grace_s) {
   stopping_ = true;
   const auto signal_all = [&](int signal) {
-    for (auto& w : workers_) {
-      if (w.running) {
-        signal_process_group(w.pid, signal);
-        continue;
-      }
-      const bool reused = std::any_of(standby_.begin(), standby_.end(),
-                                      [&](const Worker& s) { return s.running && s.pid == w.pid; });
-      if (w.pid > 0 && !reused) ::kill(-w.pid, signal);
-    }
+    for (auto& w : workers_) signal_process_group(w.pid, signal);  // (ignores pid -1: reaped)
   };
   signal_all(SIGTERM);
   const int signals_before = signal_count_;
@@ -1143,6 +1220,12 @@ void Agent::stop_workers(double grace_s) {
   signal_all(SIGKILL);
   const auto kill_end = Clock::now() + kKillReapLimit;
   while (any_running() && Clock::now() < kill_end) pump(kill_end - Clock::now());
+  for (auto& w : workers_) {
+    if (w.running || w.pid < 0) continue;
+    while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
+    }
+    w.pid = -1;
+  }
 }
 
 // ---- step 4: finish ----------------------------------------------------------------------

@@ -12,7 +12,8 @@
 // agents see the key and stop theirs; each checks in, and the first to check in leads:
 // it waits until every member of generation G-1 has checked in, left (agents/left/N) or
 // gone silent for --node-timeout (agents/alive/N, a heartbeat every 200 ms), adds nodes
-// that asked to join (up to --nnodes MAX), and publishes restart/G/members. Ranks are
+// that asked to join (up to --nnodes MAX), and publishes restart/G/members; a leader
+// silent for --node-timeout is replaced by one waiting member (restart/G/lead/A). Ranks are
 // numbered by position among the members. Survivors let the SnapshotKeeper rebuild what
 // lost machines held; all meet at restart/G/recovered and go back to step 2 with
 // TORCHELASTIC_RESTART_COUNT = G, up to R times. Fewer than --nnodes MIN ends the job.

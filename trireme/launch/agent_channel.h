@@ -34,9 +34,20 @@
 //   trireme/restart/G/members  the node ids of generation G ("0,2"), set by the first
 //                           agent to check in (the leader) once every member of G-1 has
 //                           checked in, left, or been lost; "" when too few remain
+//   trireme/restart/G/lead/A  the node id of the agent leading attempt A at deciding
+//                           generation G: attempt 0 is the first to check in; a member
+//                           waiting for the membership whose leader's heartbeat stopped for
+//                           --node-timeout claims attempt A+1 and leads it, counting the
+//                           leaders before it lost (their machines died mid-restart)
+//   trireme/restart/G/lead/A/claimed  counter (A >= 1): the agent whose add makes it 1
+//                           leads attempt A
+//   trireme/restart/G/published  counter: the leader whose add makes it 1 publishes its
+//                           decision (a leader taken for lost that still decides does not)
 //   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
 //                           the last sets restart/G/resume (to the wall-clock microseconds
 //                           at which it did), and then workers start
+//   trireme/restart/G/recovered/N  member N finished recovering (set before its add): the
+//                           others watch the heartbeats of the members that have not
 //   trireme/job/KEY         a worker's value for the whole job, across restarts
 //                           (dist::World::job_value), e.g. where the pipeline cut the model
 //   trireme/generation      the newest generation whose membership was decided
@@ -96,7 +107,17 @@ inline std::string restart_in(int generation, int node) {
 inline std::string restart_decided(int generation) { return restart(generation) + "/decided"; }
 inline std::string restart_members(int generation) { return restart(generation) + "/members"; }
 inline std::string restart_silent(int generation) { return restart(generation) + "/silent"; }
+inline std::string restart_lead(int generation, int attempt) {
+  return restart(generation) + "/lead/" + std::to_string(attempt);
+}
+inline std::string restart_lead_claimed(int generation, int attempt) {
+  return restart_lead(generation, attempt) + "/claimed";
+}
+inline std::string restart_published(int generation) { return restart(generation) + "/published"; }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
+inline std::string restart_recovered(int generation, int node) {
+  return restart_recovered(generation) + "/" + std::to_string(node);
+}
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
 inline constexpr const char* kGeneration = "trireme/generation";
 inline std::string job_value(const std::string& key) { return "trireme/job/" + key; }

@@ -163,6 +163,20 @@ void signal_process_group(pid_t pid, int signal) {
   if (pid > 0 && ::kill(-pid, signal) != 0) ::kill(pid, signal);
 }
 
+bool child_ended(pid_t pid, int* status) {
+  siginfo_t info{};  // (si_pid stays 0 when nothing has ended)
+  int r;
+  do {
+    r = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+  } while (r < 0 && errno == EINTR);
+  if (r != 0 || info.si_pid != pid) return false;
+  if (info.si_code == CLD_EXITED)
+    *status = (info.si_status & 0xff) << 8;  // as waitpid() has it: WEXITSTATUS
+  else
+    *status = info.si_status | (info.si_code == CLD_DUMPED ? 0x80 : 0);  // WTERMSIG, WCOREDUMP
+  return true;
+}
+
 bool reap_within(pid_t pid, std::chrono::milliseconds limit) {
   auto reaped = [pid] {
     pid_t r;

@@ -35,6 +35,12 @@ SpawnedProcess spawn_process(const std::string& executable,
 // Sends signal to the process group of a spawned process (ignores ones already gone).
 void signal_process_group(pid_t pid, int signal);
 
+// Whether child `pid` has ended, without reaping it (waitid with WNOWAIT); *status gets
+// its waitpid() status. Until the caller reaps it (waitpid), its zombie keeps the pid, and
+// so the id of the process group it leads, from being given to another process: the
+// group can still be signalled safely (what it left behind in it).
+bool child_ended(pid_t pid, int* status);
+
 // Waits at most `limit` for child `pid` to end and reaps it; true when it was reaped.
 // A child stuck in the kernel (uninterruptible sleep) outlives even SIGKILL: the caller
 // then leaves it behind instead of blocking for ever. Waits on a pidfd, no polling.
