@@ -112,3 +112,15 @@ TEST(StageModule, RefusesWeightsTiedAcrossLayers) {
   const LayerList untied = {{"first", {{"a", shared.ptr()}}, identity}, {"second", {{"b", other.ptr()}}, identity}};
   EXPECT_NO_THROW(StageModule(untied, {{0, 2}}));
 }
+
+TEST(WeightGradQueue, AWeightUsedTwiceIsReportedOnceAfterItsLastUse) {
+  // DataParallel counts one contribution per report: a weight that two deferred linears
+  // share must be reported once per micro-batch, when both have accumulated into it.
+  at::Tensor shared = at::zeros({2}), other = at::zeros({2});
+  WeightGradQueue queue;
+  std::vector<std::string> log;
+  queue.push([&] { log.push_back("work 1"); }, {shared, other});
+  queue.push([&] { log.push_back("work 2"); }, {shared});
+  queue.run_all([&](const at::Tensor& p) { log.push_back(p.is_same(shared) ? "shared" : "other"); });
+  EXPECT_EQ(log, (std::vector<std::string>{"work 1", "other", "work 2", "shared"}));
+}

@@ -3,6 +3,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <map>
+
 namespace trireme::pipeline {
 namespace {
 
@@ -87,10 +89,18 @@ void WeightGradQueue::push(std::function<void()> work, std::vector<at::Tensor> p
 void WeightGradQueue::run_all(const std::function<void(const at::Tensor&)>& on_accumulated) {
   auto items = std::move(work_);
   work_.clear();
-  for (auto& item : items) {
-    item.work();
-    if (on_accumulated)
-      for (const auto& p : item.params) on_accumulated(p);
+  std::map<const void*, size_t> last_use;  // parameter -> the last item accumulating into it
+  for (size_t i = 0; i < items.size(); ++i)
+    for (const auto& p : items[i].params) last_use[p.unsafeGetTensorImpl()] = i;
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].work();
+    if (!on_accumulated) continue;
+    for (const auto& p : items[i].params) {
+      auto it = last_use.find(p.unsafeGetTensorImpl());
+      if (it == last_use.end() || it->second != i) continue;
+      last_use.erase(it);  // (also when one item lists it twice)
+      on_accumulated(p);
+    }
   }
 }
 

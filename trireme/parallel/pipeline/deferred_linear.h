@@ -22,8 +22,9 @@ class WeightGradQueue {
  public:
   // `work` accumulates into the gradients of `params`.
   void push(std::function<void()> work, std::vector<at::Tensor> params);
-  // Runs and clears the queued work, in the order it was queued; after each item, calls
-  // on_accumulated (if given) for every parameter whose gradient it accumulated into.
+  // Runs and clears the queued work, in the order it was queued; calls on_accumulated (if
+  // given) once for every parameter whose gradient the work accumulated into, after the
+  // last item that touched it (a weight used twice is one contribution, complete then).
   void run_all(const std::function<void(const at::Tensor&)>& on_accumulated = {});
   size_t size() const { return work_.size(); }
 
