@@ -312,6 +312,24 @@ class Signals(unittest.TestCase):
                 self.assertTrue(wait_pids_gone([int(line.split()[-1]) for line in lines], 1))
                 self.assertFalse(os.path.exists(area), "the snapshot area was left behind")
 
+    def test_sighup_ignored_by_nohup_stays_ignored(self):
+        """Started under nohup (SIGHUP ignored), the agent and its workers ride out a hangup
+        and the job finishes normally (without the nohup, SIGHUP stops it: test above)."""
+        prog = ("import os, signal\n"
+                "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n"
+                "print('ready', signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, os.getpid(), flush=True)\n"
+                "signal.sigwait([signal.SIGUSR1])\n")
+        proc = subprocess.Popen(launcher_cmd(["--nproc-per-node", "1"], [PY, "-c", prog]), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        self.addCleanup(stop, proc)
+        line = proc.stdout.readline().split()
+        self.assertEqual(line[1:3], ["ready", "True"], line)  # the worker ignores it too
+        proc.send_signal(signal.SIGHUP)
+        os.kill(int(line[3]), signal.SIGUSR1)  # (after the hangup: the job then ends by itself)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        self.assertEqual(proc.returncode, 0, err)
+
     def test_kill_9_of_the_launcher_leaves_no_orphan(self):
         proc, pids = self.start_sleepers(2)
         proc.kill()

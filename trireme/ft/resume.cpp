@@ -99,16 +99,19 @@ std::string bucket_key(const TrainingState& s) {
   return "buckets/rank" + std::to_string(s.world->rank());
 }
 
-// Restores this rank's generators and bucket layout from `c` when the same mesh wrote it.
-void restore_rank_state(const TrainingState& s, const Checkpoint& c) {
+// Restores this rank's generators and (with `buckets`) bucket layout from `c` when the same
+// mesh wrote it. The bucket layout must be restored on every rank of a data-parallel group
+// or on none (its first step rebuilds otherwise, through a broadcast): so only where every
+// rank reads its own rank's state of one step (a checkpoint, or every rank's own snapshot).
+void restore_rank_state(const TrainingState& s, const Checkpoint& c, bool buckets = true) {
   if (c.layout().mesh != s.layout.mesh) return;
   for (auto& [name, generator] : generators(s)) {  // each shares the default's state
     if (!c.has(name)) continue;
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(c.read(name, whole(c.shape(name))));
   }
-  const std::string buckets = bucket_key(s);
-  if (!buckets.empty() && c.has(buckets)) s.data_parallel->restore_bucket_state(c.read(buckets, whole(c.shape(buckets))));
+  const std::string key = bucket_key(s);
+  if (buckets && !key.empty() && c.has(key)) s.data_parallel->restore_bucket_state(c.read(key, whole(c.shape(key))));
 }
 
 // The checkpoint name of buffer NAME as rank `rank` holds it.
@@ -836,7 +839,8 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
     }
     // This rank's own generator, when its own snapshot of the same mesh is here.
     for (const Source& source : sources)
-      if (source.own && source.step == step) restore_rank_state(s, Checkpoint::open(source.dir, /*verify_data=*/false));
+      if (source.own && source.step == step)  // (not the buckets: a rank may lack its own snapshot)
+        restore_rank_state(s, Checkpoint::open(source.dir, /*verify_data=*/false), /*buckets=*/false);
     if (from) {
       std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
       *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";

@@ -631,7 +631,6 @@ void Agent::enter(int generation, const std::vector<int>& members) {
 // once its heartbeat has not changed for --node-timeout, this agent leaves the barrier
 // with lost_at_barrier_ set, and run() restarts again without it.
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
-  channel_.set(keys::restart_recovered(generation, options_.node_rank), "1");
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
     channel_.set(keys::restart_resume(generation), std::to_string(wall_us(Clock::now())));
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
@@ -651,8 +650,7 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
     }
     if (Clock::now() >= deadline) break;
     for (int id : members_)
-      if (id != options_.node_rank && !channel_.try_get(keys::restart_recovered(generation, id)) &&
-          stale(id, Clock::now())) {
+      if (id != options_.node_rank && stale(id, Clock::now())) {  // (also one that arrived, then died)
         lost_at_barrier_ = Event{Ending::kNodeLost,
                                  lost_node(id, options_.node_timeout_s) + " before restart " +
                                      std::to_string(generation) + " had recovered",

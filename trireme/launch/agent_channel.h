@@ -46,8 +46,8 @@
 //   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
 //                           the last sets restart/G/resume (to the wall-clock microseconds
 //                           at which it did), and then workers start
-//   trireme/restart/G/recovered/N  member N finished recovering (set before its add): the
-//                           others watch the heartbeats of the members that have not
+//                           (while waiting, a member whose heartbeat went silent for
+//                           --node-timeout makes the others restart without it)
 //   trireme/job/KEY         a worker's value for the whole job, across restarts
 //                           (dist::World::job_value), e.g. where the pipeline cut the model
 //   trireme/generation      the newest generation whose membership was decided
@@ -115,9 +115,6 @@ inline std::string restart_lead_claimed(int generation, int attempt) {
 }
 inline std::string restart_published(int generation) { return restart(generation) + "/published"; }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
-inline std::string restart_recovered(int generation, int node) {
-  return restart_recovered(generation) + "/" + std::to_string(node);
-}
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
 inline constexpr const char* kGeneration = "trireme/generation";
 inline std::string job_value(const std::string& key) { return "trireme/job/" + key; }

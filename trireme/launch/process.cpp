@@ -71,7 +71,11 @@ void close_fd(int& fd) {
   if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  for (const int sig : kHandledSignals) ::sigaction(sig, &dfl, nullptr);
+  for (const int sig : kHandledSignals) {  // (one the agent was started ignoring, as under nohup, stays ignored)
+    struct sigaction current {};
+    ::sigaction(sig, nullptr, &current);
+    if (current.sa_handler != SIG_IGN) ::sigaction(sig, &dfl, nullptr);
+  }
   ::sigaction(SIGPIPE, &dfl, nullptr);
   sigset_t none;
   sigemptyset(&none);
@@ -220,8 +224,14 @@ SignalPipe::SignalPipe() {
   action.sa_handler = on_signal;
   action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
-  for (std::size_t i = 0; i < std::size(kHandledSignals); ++i)
-    ::sigaction(kHandledSignals[i], &action, &saved_->handled[i]);
+  for (std::size_t i = 0; i < std::size(kHandledSignals); ++i) {
+    const int sig = kHandledSignals[i];
+    ::sigaction(sig, &action, &saved_->handled[i]);
+    // Started with SIGHUP or SIGQUIT ignored (`nohup trireme ...`): they stay ignored, for the
+    // agent and its workers, as the user asked.
+    if ((sig == SIGHUP || sig == SIGQUIT) && saved_->handled[i].sa_handler == SIG_IGN)
+      ::sigaction(sig, &saved_->handled[i], nullptr);
+  }
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ignore, &saved_->pipe);

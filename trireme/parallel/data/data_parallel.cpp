@@ -383,11 +383,11 @@ at::Tensor DataParallel::bucket_state() const {
   return state;
 }
 
-void DataParallel::restore_bucket_state(const at::Tensor& state) {
+bool DataParallel::restore_bucket_state(const at::Tensor& state) {
   const size_t n = params_.size();
-  TRIREME_CHECK(state.scalar_type() == at::kLong && state.dim() == 1 && state.numel() == static_cast<int64_t>(n) + 1,
-                "bucket state of ", state.numel(), " elements for ", n, " parameters: it is of another model or layout");
+  TRIREME_CHECK(state.scalar_type() == at::kLong && state.dim() == 1, "bucket state must be a 1-d int64 tensor");
   TRIREME_CHECK(!in_step_, "restore_bucket_state() must come before the first step");
+  if (state.numel() != static_cast<int64_t>(n) + 1) return false;
   const at::Tensor contiguous = state.contiguous();
   const auto* data = contiguous.data_ptr<int64_t>();
   std::vector<size_t> order(n);
@@ -398,9 +398,10 @@ void DataParallel::restore_bucket_state(const at::Tensor& state) {
     seen[static_cast<size_t>(data[i])] = true;
     order[i] = static_cast<size_t>(data[i]);
   }
-  if (data[n] != 1 || !options_.rebuild_buckets) return;  // the first step rebuilds, as the run did
+  if (data[n] != 1 || !options_.rebuild_buckets) return false;  // the first step rebuilds, as the run did
   build_buckets(order);
   rebuilt_ = true;
+  return true;
 }
 
 void DataParallel::rebuild_from_observed_order() {

@@ -168,9 +168,11 @@ class DataParallel {
   // elements). With 3 or more ranks a ring all-reduce sums an element in an order set by
   // its place in the bucket, so a run restarted at step S must build the buckets the
   // uninterrupted run had at S to give its bits; restore_bucket_state() does, before the
-  // first step (throws InvalidArgument for a state of another parameter list).
+  // first step. A state of another parameter list (a pipeline stage cut elsewhere) is
+  // ignored: the first step rebuilds, on every replica of the stage alike. Returns whether
+  // it was applied; throws InvalidArgument for a state that is not an order.
   at::Tensor bucket_state() const;
-  void restore_bucket_state(const at::Tensor& state);
+  bool restore_bucket_state(const at::Tensor& state);
   // The parameters that take part (those requiring gradients), in module order: the
   // indices of buckets() refer to this list.
   const std::vector<at::Tensor>& parameters() const { return params_; }
