@@ -223,6 +223,8 @@ class Agent {
   // failure published meanwhile (kept in published_failure_).
   enum class WaitEnd { kSet, kTimeout, kSignal, kFailure };
   WaitEnd wait_key(const std::string& key, Clock::time_point deadline, bool watch_failure);
+  // The end of a restart's wait by a signal, or by another node's failure (kSignal, kFailure).
+  LaunchResult stopped_while_restarting(WaitEnd end);
 
   void pump(Clock::duration timeout);
   // Runs fn on a thread of its own while this one goes on pumping (heartbeat, output,
@@ -481,14 +483,14 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
   int attempt = 0;  // the attempt at deciding that this agent follows
   auto followed_since = Clock::now();
   while (true) {
-    switch (wait_key(keys::restart_members(generation), std::min(deadline, Clock::now() + kFailurePollInterval),
-                     /*watch_failure=*/true)) {
+    const WaitEnd end = wait_key(keys::restart_members(generation),
+                                 std::min(deadline, Clock::now() + kFailurePollInterval), /*watch_failure=*/true);
+    switch (end) {
       case WaitEnd::kSet:
         return take_members(generation, channel_.try_get(keys::restart_members(generation)).value_or(""));
       case WaitEnd::kSignal:
-        return signalled_while_restarting();
       case WaitEnd::kFailure:
-        return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+        return stopped_while_restarting(end);
       case WaitEnd::kTimeout:
         break;
     }
@@ -635,16 +637,16 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
     channel_.set(keys::restart_resume(generation), std::to_string(wall_us(Clock::now())));
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   while (true) {
-    switch (wait_key(keys::restart_resume(generation), std::min(deadline, Clock::now() + kFailurePollInterval),
-                     /*watch_failure=*/true)) {
+    const WaitEnd end = wait_key(keys::restart_resume(generation),
+                                 std::min(deadline, Clock::now() + kFailurePollInterval), /*watch_failure=*/true);
+    switch (end) {
       case WaitEnd::kSet:
         recovered_ = Clock::now();
         restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
         return std::nullopt;
       case WaitEnd::kSignal:
-        return signalled_while_restarting();
       case WaitEnd::kFailure:
-        return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
+        return stopped_while_restarting(end);
       case WaitEnd::kTimeout:
         break;
     }
@@ -1242,6 +1244,11 @@ void Agent::publish_failure(const std::string& what) {
 LaunchResult Agent::signalled_while_restarting() {
   publish_failure(node() + "'s agent received " + signal_name(first_signal_) + " while restarting");
   return LaunchResult{128 + first_signal_, "received " + signal_name(first_signal_) + " while restarting"};
+}
+
+LaunchResult Agent::stopped_while_restarting(WaitEnd end) {
+  if (end == WaitEnd::kSignal) return signalled_while_restarting();
+  return LaunchResult{1, published_failure_ + "; " + node() + " did not restart its workers"};
 }
 
 void Agent::mark_done() {
