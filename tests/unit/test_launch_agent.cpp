@@ -52,6 +52,18 @@ class MemoryChannel : public AgentChannel {
     cv_.notify_all();
     return v;
   }
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = values_.find(key);
+      if ((it == values_.end() && !expected.empty()) || (it != values_.end() && it->second != expected))
+        return it == values_.end() ? expected : it->second;
+      values_[key] = desired;
+      cv_.notify_all();
+    }
+    if (after_set) after_set(key);
+    return desired;
+  }
   bool wait_for(const std::string& key, std::chrono::milliseconds timeout) override {
     if (before_wait) before_wait(key);
     std::unique_lock<std::mutex> lock(mu_);
@@ -307,7 +319,7 @@ TEST(LaunchAgent, ElasticJobGoesOnWithoutASilentNode) {
   EXPECT_NE(out.find("gen=1 world=1 rank=0"), std::string::npos) << out;
   EXPECT_NE(err.find("node 1 is lost (no heartbeat for 0.5 s)"), std::string::npos) << err;
   EXPECT_NE(err.find("going on with nodes 0"), std::string::npos) << err;
-  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0");
+  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0;0");  // nodes 0, decided by node 0
   EXPECT_EQ(channel.try_get(keys::lost(1)), "1");  // a replacement may take its --node-rank
 }
 
@@ -435,7 +447,7 @@ TEST(LaunchAgent, FinishedWorkersJoinARestartClaimedBeforeThem) {
   EXPECT_NE(out.find("finished"), std::string::npos) << out;
   EXPECT_NE(out.find("gen=2"), std::string::npos) << out;  // it restarted with the others
   EXPECT_NE(err.find("restarting the workers (restart 2 of 2)"), std::string::npos) << err;
-  EXPECT_EQ(job.channel.try_get(keys::restart_members(2)), "0");
+  EXPECT_EQ(job.channel.try_get(keys::restart_members(2)), "0;0");
 }
 
 // Two agents can see failures at once; only the first to claim the restart names the
@@ -511,8 +523,8 @@ TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
   stop = true;
   replacement.join();
   EXPECT_EQ(result.exit_code, 0) << result.failure;
-  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0");
-  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "0,1") << io.stderr_text();
+  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0;0");  // nodes 0, decided by node 0
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "0,1;0") << io.stderr_text();
   EXPECT_NE(io.stdout_text().find("gen=2 world=2"), std::string::npos);
 }
 
@@ -754,7 +766,7 @@ TEST(LaunchAgent, ARestartWhoseLeaderDiesIsDecidedByAnother) {
       EXPECT_EQ(result.exit_code, 0) << result.failure;
       EXPECT_NE(out.find("gen=1 world=1 rank=0"), std::string::npos) << out;
       EXPECT_NE(err.find("node 0 is lost (no heartbeat for 0.5 s); going on with nodes 1"), std::string::npos) << err;
-      EXPECT_EQ(channel.try_get(keys::restart_members(1)), "1");
+      EXPECT_EQ(channel.try_get(keys::restart_members(1)), "1;1");
       EXPECT_EQ(channel.try_get(keys::lost(0)), "1");  // a replacement may take its --node-rank
     } else {
       const std::string failure = "node 0 is lost (no heartbeat for 0.5 s); 1 node left, fewer than the 2 the job "
@@ -762,7 +774,7 @@ TEST(LaunchAgent, ARestartWhoseLeaderDiesIsDecidedByAnother) {
       EXPECT_EQ(result.exit_code, 1);
       EXPECT_EQ(result.failure, failure);
       EXPECT_EQ(channel.try_get(keys::kFailure), failure);
-      EXPECT_EQ(channel.try_get(keys::restart_members(1)), "");
+      EXPECT_EQ(channel.try_get(keys::restart_members(1)), ";1");  // no nodes, decided by node 1
     }
   }
 }
@@ -793,8 +805,7 @@ TEST(LaunchAgent, AMemberLostBeforeTheRecoveryBarrierIsRestartedWithout) {
     for (int beat = 200; beat < 400 && !channel.wait_for(keys::restart_in(1, 1), std::chrono::milliseconds(50));
          ++beat)
       channel.set(keys::alive(0), std::to_string(beat));
-    channel.add(keys::restart_published(1), 1);
-    channel.set(keys::restart_members(1), "0,1");
+    channel.compare_set(keys::restart_members(1), "", "0,1;0");
   });
   const auto start = Clock::now();
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
@@ -808,6 +819,56 @@ TEST(LaunchAgent, AMemberLostBeforeTheRecoveryBarrierIsRestartedWithout) {
                      "workers (restart 2 of 2)"),
             std::string::npos)
       << err;
-  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "1");
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "1;1");
   EXPECT_EQ(channel.try_get(keys::lost(0)), "1");
+}
+
+// The leader goes silent, this agent takes the decision over, and the silent leader's own
+// decision (a stall, not a death) lands first: the first published membership stands and
+// this agent follows it instead of replacing it (before, a leader that died between
+// winning the publication and writing the membership left the others waiting for
+// --join-timeout; now the decision is one compare-and-set).
+TEST(LaunchAgent, TheFirstPublishedMembershipStandsWhenTwoLeadersDecide) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);  // node 0 joined
+  LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec "
+      "sleep 30; fi",
+      2);
+  o.node_rank = 1;
+  o.nnodes_min = 1;
+  o.join_timeout_s = 10;
+  std::string lost_race;  // what this agent's decision found in the key
+  channel.after_set = [&](const std::string& key) {
+    if (key == keys::restart_lead(1, 1))  // this agent now leads attempt 1; node 0 wakes up and publishes
+      lost_race = channel.compare_set(keys::restart_members(1), "", "0,1;0");
+  };
+  std::thread node0([&] {
+    for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
+      channel.set(keys::alive(0), std::to_string(beat));
+    channel.add(keys::restart_claimed(1), 1);
+    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
+    channel.set(keys::restart_in(1, 0), "1");
+    channel.add(keys::restart_stopped(1), 1);
+    channel.set(keys::restart_lead(1, 0), "0");
+  });
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  node0.join();
+  EXPECT_LT(seconds_since(start), 8.0) << "waited for --join-timeout";
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  const std::string out = io.stdout_text(), err = io.stderr_text();
+  EXPECT_EQ(lost_race, "0,1;0");
+  EXPECT_NE(err.find("node 0, leading restart 1, went silent; node 1 decides the membership instead"),
+            std::string::npos)
+      << err;
+  // Node 0's decision stood: generation 1 had both nodes (this agent's "1;1" did not replace
+  // it), and node 0, silent at the recovery barrier, was left out at restart 2.
+  EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0,1;0");
+  EXPECT_EQ(out.find("gen=1"), std::string::npos) << out;
+  EXPECT_NE(out.find("gen=2 world=1"), std::string::npos) << out;
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "1;1");
+  EXPECT_EQ(channel.try_get(keys::lost(0)), "1");  // counted once, by the restart that dropped it
 }

@@ -91,6 +91,14 @@ std::vector<int> parse_ids(const std::string& text) {
   return ids;
 }
 
+// keys::restart_members: "IDS;LEADER". The leader's id makes each agent's decision a value
+// of its own, so that the compare-and-set that publishes it tells the first from the rest.
+std::string members_value(const std::vector<int>& ids, int leader) {
+  return join_ids(ids) + ";" + std::to_string(leader);
+}
+
+std::vector<int> member_ids(const std::string& value) { return parse_ids(value.substr(0, value.find(';'))); }
+
 bool contains(const std::vector<int>& ids, int id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
 
 Clock::duration seconds(double s) {
@@ -217,6 +225,7 @@ class Agent {
   // Node `node`'s incarnation (keys::left): how often it was dropped from the job so far.
   int64_t incarnation(int node) { return channel_.add(keys::lost(node), 0); }
   void publish_failure(const std::string& what);
+  std::string published_job_failure();
   LaunchResult signalled_while_restarting();
   void mark_done();
   // Waits for key until deadline while noticing signals and, with watch_failure, a
@@ -567,31 +576,39 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
       return signalled_while_restarting();
   }
   // A leader taken for lost meanwhile (a stall longer than --node-timeout, not a death)
-  // decides too: only the first decision is published, and the others wait for it.
-  if (channel_.add(keys::restart_published(generation), 1) != 1) return std::nullopt;
+  // decides too. The decision is published in one compare-and-set, so the first stands and
+  // the others follow it (await_members); a leader dying before it leaves nothing behind
+  // that would hold the next one back.
+  const auto publish = [&](const std::vector<int>& ids) {
+    const std::string mine = members_value(ids, options_.node_rank);
+    return channel_.compare_set(keys::restart_members(generation), "", mine) == mine;
+  };
   if (!ended.empty()) {
     const std::string failure =
         channel_.try_get(keys::kFailure)
             .value_or(channel_.try_get(keys::restart(generation)).value_or("a worker failed") + "; node" +
                       (ended.size() > 1 ? "s " : " ") + join_ids(ended) +
                       " had already finished (its workers exited), so the job cannot restart");
+    if (!publish({})) return std::nullopt;
     publish_failure(failure);
-    channel_.set(keys::restart_members(generation), "");
     return LaunchResult{1, failure};
   }
   const MembershipDecision d = decide_membership(members_, states, min_nodes(options_), options_.nnodes,
                                                  elastic(options_), options_.node_timeout_s);
-  for (int id : d.dropped) channel_.add(keys::lost(id), 1);
   if (!d.failure.empty()) {
+    if (!publish({})) return std::nullopt;
+    for (int id : d.dropped) channel_.add(keys::lost(id), 1);
     publish_failure(d.failure);
-    channel_.set(keys::restart_members(generation), "");
     return LaunchResult{1, d.failure};
   }
-  if (!d.why_dropped.empty())
-    write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
+  // Set before the membership, which the others wait for (a leader whose decision loses
+  // sets the same generation and a decision time a moment later).
   channel_.set(keys::kGeneration, std::to_string(generation));
   channel_.set(keys::restart_decided(generation), std::to_string(wall_us(Clock::now())));
-  channel_.set(keys::restart_members(generation), join_ids(d.members));
+  if (!publish(d.members)) return std::nullopt;
+  for (int id : d.dropped) channel_.add(keys::lost(id), 1);
+  if (!d.why_dropped.empty())
+    write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   return std::nullopt;
 }
 
@@ -599,8 +616,8 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
 // lost machines held, then everyone waits for the others at the recovery barrier.
 std::optional<LaunchResult> Agent::take_members(int generation, const std::string& published) {
   members_decided_ = Clock::now();
-  const std::vector<int> next = parse_ids(published);
-  if (next.empty()) return LaunchResult{1, channel_.try_get(keys::kFailure).value_or("too few nodes left")};
+  const std::vector<int> next = member_ids(published);
+  if (next.empty()) return LaunchResult{1, published_job_failure()};
   if (!contains(next, options_.node_rank)) {
     char timeout[32];
     std::snprintf(timeout, sizeof timeout, "%g", options_.node_timeout_s);
@@ -838,7 +855,7 @@ std::optional<LaunchResult> Agent::join_running() {
                                " (it has --nnodes MAX nodes already, has no --max-restarts left, or it "
                                "finished)"});
     }
-    const std::vector<int> members = parse_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
+    const std::vector<int> members = member_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (contains(members, options_.node_rank)) {
       channel_.set(keys::pending(options_.node_rank), "");
       enter(generation, members);
@@ -1236,6 +1253,18 @@ void Agent::publish_failure(const std::string& what) {
   } catch (const Error&) {
     // The store is gone: the other agents notice that by themselves.
   }
+}
+
+// Why the job ends, for an agent that found an empty membership: its leader sets
+// keys::kFailure right after publishing it.
+std::string Agent::published_job_failure() {
+  constexpr milliseconds kLeaderWrites{2000};  // a few store round trips, with room for a loaded machine
+  try {
+    if (channel_.wait_for(keys::kFailure, kLeaderWrites)) return channel_.try_get(keys::kFailure).value_or("");
+  } catch (const Error&) {
+    // The store is gone: say what is known.
+  }
+  return "too few nodes left to restart the job";
 }
 
 // A signal in the middle of a restart: the others would wait for this node at the next

@@ -31,9 +31,13 @@
 //                           finish a step whose collectives wait on that machine)
 //   trireme/restart/G/decided  wall-clock microseconds at which the leader decided the
 //                           membership (set just before restart/G/members)
-//   trireme/restart/G/members  the node ids of generation G ("0,2"), set by the first
-//                           agent to check in (the leader) once every member of G-1 has
-//                           checked in, left, or been lost; "" when too few remain
+//   trireme/restart/G/members  "IDS;LEADER": the node ids of generation G ("0,2;0"), set
+//                           by the first agent to check in (the leader) once every member
+//                           of G-1 has checked in, left, or been lost; IDS is empty when too
+//                           few remain. Written by compare-and-set, so the first decision
+//                           stands: a leader taken for lost (a stall longer than
+//                           --node-timeout, not a death) that decides too does not replace
+//                           it, and one that dies before writing leaves nothing half done
 //   trireme/restart/G/lead/A  the node id of the agent leading attempt A at deciding
 //                           generation G: attempt 0 is the first to check in; a member
 //                           waiting for the membership whose leader's heartbeat stopped for
@@ -41,8 +45,6 @@
 //                           leaders before it lost (their machines died mid-restart)
 //   trireme/restart/G/lead/A/claimed  counter (A >= 1): the agent whose add makes it 1
 //                           leads attempt A
-//   trireme/restart/G/published  counter: the leader whose add makes it 1 publishes its
-//                           decision (a leader taken for lost that still decides does not)
 //   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
 //                           the last sets restart/G/resume (to the wall-clock microseconds
 //                           at which it did), and then workers start
@@ -113,7 +115,6 @@ inline std::string restart_lead(int generation, int attempt) {
 inline std::string restart_lead_claimed(int generation, int attempt) {
   return restart_lead(generation, attempt) + "/claimed";
 }
-inline std::string restart_published(int generation) { return restart(generation) + "/published"; }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
 inline constexpr const char* kGeneration = "trireme/generation";
@@ -155,6 +156,11 @@ class AgentChannel {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Blocks until key is set or timeout passes; true when it is set.
   virtual bool wait_for(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Sets key to desired when it holds expected, in one step; an expected of "" also
+  // matches a key that is not set (c10d's TCPStore does the same). Returns the value key
+  // holds afterwards: desired when this call set it.
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) = 0;
 };
 
 }  // namespace trireme::launch

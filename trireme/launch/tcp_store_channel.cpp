@@ -108,6 +108,15 @@ int64_t TcpStoreChannel::add(const std::string& key, int64_t delta) {
   return guarded("add", [&] { return impl_->store->add(key, delta); });
 }
 
+std::string TcpStoreChannel::compare_set(const std::string& key, const std::string& expected,
+                                         const std::string& desired) {
+  return guarded("compare-and-set", [&] {
+    const std::vector<uint8_t> now = impl_->store->compareSet(key, std::vector<uint8_t>(expected.begin(), expected.end()),
+                                                              std::vector<uint8_t>(desired.begin(), desired.end()));
+    return std::string(now.begin(), now.end());
+  });
+}
+
 // TCPStore::wait() logs a warning on every timeout, and agents wait in short slices, so
 // this looks at the key every kCheckInterval instead (a bounded store check, not a sleep
 // standing in for synchronisation).

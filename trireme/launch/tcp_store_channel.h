@@ -27,6 +27,8 @@ class TcpStoreChannel final : public AgentChannel {
   std::optional<std::string> try_get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool wait_for(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;
 
  private:
   struct Impl;
