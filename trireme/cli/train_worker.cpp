@@ -30,6 +30,7 @@
 #include "trireme/data/corpus.h"
 #include "trireme/data/sampler.h"
 #include "trireme/dist/world.h"
+#include "trireme/ft/checksum.h"
 #include "trireme/ft/resume.h"
 #include "trireme/launch/standby.h"
 #include "trireme/models/gpt.h"
@@ -48,8 +49,8 @@ namespace trireme::cli {
 namespace {
 
 // A standby's warm-up, before it waits for activation: two steps of a tiny model of the
-// same kind (one block, head size 8, 16 tokens), forward, backward, clipping and AdamW,
-// on the CPU. The first step after a restart then finds libtorch's code paged in and its
+// same kind (one block, at most 4 heads of size 8, 16 tokens), forward, backward,
+// clipping and AdamW, on the CPU. The first step after a restart then finds libtorch's code paged in and its
 // kernels' one-off set-up done: 30-70 ms of a ~450-500 ms recovery here
 // (docs/benchmarks.md). It keeps nothing: the model is dropped, and the default
 // generator's state is put back. Not for CUDA runs: a standby must not open a CUDA
@@ -60,6 +61,7 @@ void warm_up_kernels(const TrainOptions& opt) {
   const at::Tensor generator_state = generator.get_state();
   models::GptConfig tiny = opt.model;
   tiny.layers = 1;
+  tiny.heads = std::min<int64_t>(tiny.heads, 4);  // (--dim 1024 --heads 1024 is valid: head size 1)
   tiny.dim = 8 * tiny.heads;
   tiny.seq_len = std::min<int64_t>(tiny.seq_len, 16);
   models::Gpt model(tiny, static_cast<uint64_t>(opt.seed));
@@ -72,6 +74,73 @@ void warm_up_kernels(const TrainOptions& opt) {
     adamw.zero_grad();
   }
   generator.set_state(generator_state);
+}
+
+// The replicas of a data-parallel group end with the same parameters, bit for bit: they
+// take the same averaged gradients and the same optimizer step (under ZeRO each updates its
+// piece and gathers the others'). Checked once, after the last step, by one all-reduce of
+// the parameters' CRCs, so that replicas that drift apart (a gradient left out of the
+// average, a broken gather or restore) fail the run: --dump-params, and with it every
+// parity test, sees the first replica's copy only. Throws Error naming the parameters.
+// Test seam: TRIREME_TEST_DRIFT_REPLICA=R changes one value of data-parallel replica R
+// first, so the tests see this check fail.
+void check_replicas_agree(TrainEngine& engine, const dist::MeshGroups& groups, at::Device device) {
+  if (groups.size("dp") < 2) return;
+  const std::vector<std::pair<std::string, at::Tensor>> named = engine.named_parameters();
+  if (const char* drift = std::getenv("TRIREME_TEST_DRIFT_REPLICA"))
+    if (std::atoi(drift) == groups.coord("dp") && !named.empty()) {
+      const at::NoGradGuard no_grad;
+      named.front().second.view(-1)[0].add_(1.0);
+    }
+  const size_t n = named.size();
+  // [crc_i..., -crc_i...] under MAX: the largest and the smallest CRC of each parameter.
+  std::vector<int64_t> crcs(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor host = named[i].second.detach().to(at::kCPU).contiguous();
+    crcs[i] = ft::crc32(host.data_ptr(), host.nbytes());
+    crcs[n + i] = -crcs[i];
+  }
+  std::vector<at::Tensor> bounds{at::tensor(crcs, at::kLong).to(device)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  dist::run_collective("replica agreement check", [&] { return groups.axis("dp")->allreduce(bounds, max); });
+  const at::Tensor out = bounds.front().to(at::kCPU);
+  const int64_t* v = out.data_ptr<int64_t>();
+  std::string differ;
+  int count = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (v[i] != -v[n + i] && count++ < 3) differ += (differ.empty() ? "" : ", ") + named[i].first;
+  if (count > 0)
+    TRIREME_THROW(Error, "the data-parallel replicas ended with different parameters (", differ,
+                  count > 3 ? " and " + std::to_string(count - 3) + " more" : std::string(),
+                  "): a Trireme bug; please report it with the command line");
+}
+
+// What a run trains on, for its checkpoints (ft::CheckpointLayout::data): the batch of a
+// step is a function of the corpus, --seed and --batch (and --seq, among the model flags).
+std::string data_identity(const data::Corpus& corpus, const TrainOptions& opt) {
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", ft::crc32(corpus.bytes().data(), corpus.size()));
+  return "corpus of " + std::to_string(corpus.size()) + " bytes, CRC-32 " + crc + "; --seed " +
+         std::to_string(opt.seed) + " --batch " + std::to_string(opt.batch);
+}
+
+// Every rank reads the same corpus: a batch is drawn from the corpus's size and the step,
+// so nodes holding different copies of --data would train on different text for the same
+// step, and nothing else would notice. One all-reduce of its size and CRC at the start.
+void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus, at::Device device) {
+  if (world.size() < 2) return;
+  const int64_t crc = ft::crc32(corpus.bytes().data(), corpus.size());
+  const int64_t size = static_cast<int64_t>(corpus.size());
+  std::vector<at::Tensor> bounds{at::tensor(std::vector<int64_t>{crc, -crc, size, -size}, at::kLong).to(device)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  dist::run_collective("corpus agreement check", [&] { return world.group()->allreduce(bounds, max); });
+  const at::Tensor out = bounds.front().to(at::kCPU);
+  const int64_t* v = out.data_ptr<int64_t>();
+  TRIREME_CHECK(v[0] == -v[1] && v[2] == -v[3], "the ranks read different corpora (--data ", corpus.path(), ": ",
+                -v[3] == v[2] ? "same size, other bytes" : std::to_string(-v[3]) + " to " + std::to_string(v[2]) + " bytes",
+                "): give every node the same --data file");
 }
 
 // Set by SIGTERM in an elastic job's worker: stop after the current step.
@@ -274,13 +343,21 @@ void damage_snapshot_and_die(ft::Snapshotter& snapshotter, const std::string& sn
 }
 
 // Keeps the lines of a metrics.jsonl whose step is at most `last` (a resumed run writes
-// the later steps again).
-void keep_metrics_up_to(const std::string& path, int64_t last) {
+// the later steps again), and puts their losses on `curve`: loss.svg shows the whole run.
+void keep_metrics_up_to(const std::string& path, int64_t last, obs::Series* curve) {
   std::ifstream in(path);
   std::string kept, line;
   while (std::getline(in, line)) {
     const auto at = line.find("\"step\": ");
-    if (at != std::string::npos && std::atoll(line.c_str() + at + 8) <= last) kept += line + "\n";
+    if (at == std::string::npos) continue;
+    const long long step = std::atoll(line.c_str() + at + 8);
+    if (step > last) continue;
+    kept += line + "\n";
+    const auto loss = line.find("\"loss\": ");
+    if (loss != std::string::npos) {
+      curve->x.push_back(static_cast<double>(step));
+      curve->y.push_back(std::strtod(line.c_str() + loss + 8, nullptr));
+    }
   }
   in.close();
   obs::write_text_file(path, kept);
@@ -393,6 +470,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
+  check_ranks_read_one_corpus(world, corpus, device);
 
   // The default generators (dropout's) are seeded apart per data-parallel replica and
   // pipeline stage, and alike within a tensor-parallel group, whose replicated regions must
@@ -438,7 +516,8 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.data_parallel = &engine->data_parallel();
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
-  train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, -1, opt.model.flags()};
+  train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, -1, opt.model.flags(),
+                        data_identity(corpus, opt)};
   // An elastic job restores from whatever whole replicas the nodes left hold: no shares
   // (`trireme train` refuses --snapshot-share 1 there).
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
@@ -512,7 +591,8 @@ int train_worker_main(const std::vector<std::string>& args) {
 
   std::filesystem::create_directories(opt.out);
   std::unique_ptr<obs::MetricsWriter> metrics;
-  if (leader && first_step > 0) keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step);
+  obs::Series loss_curve{"loss (global batch)", {}, {}};
+  if (leader && first_step > 0) keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step, &loss_curve);
   if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
@@ -532,7 +612,6 @@ int train_worker_main(const std::vector<std::string>& args) {
                  (long long)opt.model.seq_len, (long long)opt.steps);
 
   double elapsed_s = 0;
-  obs::Series loss_curve{"loss (global batch)", {}, {}};
   std::vector<double> step_seconds;  // the leader's, for the plan's prediction
   // An elastic job's worker takes SIGTERM (its agent's preemption notice, or a restart)
   // as: finish this step, commit its snapshot, exit; so that no finished step is lost.
@@ -676,6 +755,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   world.heartbeat_done();
   if (snapshotter) snapshotter->wait();
   if (checkpointer) checkpointer->wait();  // rank 0 commits the last checkpoint before leaving
+  check_replicas_agree(*engine, groups, device);
   if (leader && !opt.quiet) progress.finish();
 
   obs::RankEvents ranks;
@@ -713,7 +793,11 @@ int train_worker_main(const std::vector<std::string>& args) {
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
                                              "cross-entropy (nats/byte)", {loss_curve}));
     models::GptImpl* model = engine->whole_model();
-    if (!opt.quiet && opt.sample_tokens > 0 && model) {
+    if (!opt.quiet && opt.sample_tokens > 0 && model && opt.model.vocab != 256) {
+      // (A plan's model may have another vocabulary: its tokens are not this corpus's bytes.)
+      std::fprintf(stderr, "gpt: no text sample: the model's vocabulary has %lld tokens, not the 256 bytes the "
+                           "sample decodes\n", (long long)opt.model.vocab);
+    } else if (!opt.quiet && opt.sample_tokens > 0 && model) {
       const std::string sample =
           model->generate("And God said", opt.sample_tokens, 0.8, static_cast<uint64_t>(opt.seed));
       std::printf("--- sample (temperature 0.8) ---\nAnd God said%s\n---\n", printable(sample).c_str());

@@ -191,6 +191,7 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
                          {"dp", layout.dp},     {"tp", layout.tp},
                          {"pp", layout.pp},     {"zero", layout.zero},
                          {"rank", layout.rank},     {"model", layout.model},
+                         {"data", layout.data},
                          {"world_size", world_size}, {"tensors", tensors}};
   write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
   fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
@@ -314,6 +315,10 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     if (m.contains("model")) {
       if (!m["model"].is_string()) TRIREME_THROW(CheckpointCorrupt, where, ": field model is not a string");
       c.layout_.model = m["model"].get<std::string>();
+    }
+    if (m.contains("data")) {
+      if (!m["data"].is_string()) TRIREME_THROW(CheckpointCorrupt, where, ": field data is not a string");
+      c.layout_.data = m["data"].get<std::string>();
     }
     std::map<std::string, uint64_t> needed;  // file -> bytes it must have
     for (const auto& [name, t] : field(m, "tensors", where).items()) {
@@ -516,7 +521,8 @@ std::string Checkpoint::describe() const {
   out << "checkpoint " << dir_ << "\n  step " << step_ << ", written by " << layout_.mesh << " (dp " << layout_.dp
       << ", tp " << layout_.tp << ", pp " << layout_.pp << ", zero " << layout_.zero << ")"
       << (layout_.rank >= 0 ? ", the snapshot of rank " + std::to_string(layout_.rank) : std::string())
-      << (layout_.model.empty() ? std::string() : "\n  model " + layout_.model) << "\n  "
+      << (layout_.model.empty() ? std::string() : "\n  model " + layout_.model)
+      << (layout_.data.empty() ? std::string() : "\n  data " + layout_.data) << "\n  "
       << tensors_.size()
       << " tensors, " << slices << " slices, " << bytes << " bytes\n";
   for (const auto& [name, t] : tensors_) {

@@ -50,6 +50,10 @@ struct CheckpointLayout {
   // What was trained, as the flags that shape it (e.g. "--vocab 256 --seq 128 ..."): a
   // resume under other flags is refused. "" when not recorded (library use, older files).
   std::string model;
+  // What it was trained on, e.g. "corpus of 4332554 bytes, CRC-32 9a3c0f12; --seed 1
+  // --batch 16": a resume that reads other data is told that the batches from there on
+  // are not those of the run it continues. "" when not recorded.
+  std::string data;
 };
 
 // A box of a whole-model tensor that this rank writes. `data` has box.size's shape.

@@ -581,6 +581,12 @@ int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
   TRIREME_CHECK(model.empty() || s.layout.model.empty() || model == s.layout.model, "checkpoint ", chosen,
                 " is of another model (", model, "; this run has ", s.layout.model,
                 "): resume with the flags that wrote it, or start afresh with another --checkpoint-dir");
+  const std::string& data = checkpoint.layout().data;
+  if (s.world->rank() == 0 && !data.empty() && !s.layout.data.empty() && data != s.layout.data)
+    std::fprintf(stderr,
+                 "trireme: checkpoint %s was trained on other data (%s; this run reads %s): the batches from here "
+                 "on differ from those of the run it continues\n",
+                 chosen.c_str(), data.c_str(), s.layout.data.c_str());
   load_from(s, checkpoint);
   return checkpoint.step();
 }

@@ -95,7 +95,8 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, 
 double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
 // Loads the newest checkpoint under `root` that verifies (rank 0 chooses; damaged newer
 // ones are named on stderr) and returns its step, or 0 when there is none. A collective.
-// Throws InvalidArgument when the checkpoint is of another model.
+// Throws InvalidArgument when the checkpoint is of another model; says on stderr (rank 0)
+// when it was trained on other data (CheckpointLayout::data).
 int64_t load_checkpoint(const TrainingState& state, const std::string& root);
 // After a restart: loads the newest step of which every rank has a complete snapshot
 // (`dir`: this rank's) and returns it, or 0 when there is none. A collective. Snapshots
