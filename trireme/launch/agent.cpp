@@ -619,10 +619,8 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
   const std::vector<int> next = member_ids(published);
   if (next.empty()) return LaunchResult{1, published_job_failure()};
   if (!contains(next, options_.node_rank)) {
-    char timeout[32];
-    std::snprintf(timeout, sizeof timeout, "%g", options_.node_timeout_s);
     return LaunchResult{1, node() + " was dropped from the job at restart " + std::to_string(generation) +
-                               " (its heartbeat stalled for --node-timeout " + timeout +
+                               " (its heartbeat stalled for --node-timeout " + seconds_text(options_.node_timeout_s) +
                                " s); raise --node-timeout on a loaded machine"};
   }
   const KeeperGeneration previous = keeper_generation();
@@ -1169,8 +1167,7 @@ void Agent::check_heartbeats() {
   }
   if (stalled.empty() || !first_failure_.empty()) return;
   // A hang stalls its peers too (they wait in a collective): name every stalled worker.
-  char after[32];
-  std::snprintf(after, sizeof after, "%g", limit_s);
+  const std::string after = seconds_text(limit_s);
   std::string names, beats;
   for (const Worker* w : stalled) {
     names += (names.empty() ? "" : "; ") + worker_name(*w);

@@ -6,10 +6,14 @@
 
 namespace trireme::launch {
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
+
 std::string lost_node(int node, double node_timeout_s) {
-  char silence[32];
-  std::snprintf(silence, sizeof silence, "%g", node_timeout_s);
-  return "node " + std::to_string(node) + " is lost (no heartbeat for " + silence + " s)";
+  return "node " + std::to_string(node) + " is lost (no heartbeat for " + seconds_text(node_timeout_s) + " s)";
 }
 
 MembershipDecision decide_membership(const std::vector<int>& previous, const std::map<int, NodeState>& states,

@@ -23,6 +23,9 @@ struct MembershipDecision {
   std::string failure;       // non-empty when fewer than min_nodes remain
 };
 
+// A seconds flag's value as the user would write it: 0.5, 3, 120.
+std::string seconds_text(double seconds);
+
 // "node N is lost (no heartbeat for T s)": how a node silent for --node-timeout is named.
 std::string lost_node(int node, double node_timeout_s);
 
