@@ -11,9 +11,13 @@ namespace trireme::ft {
 uint32_t crc32(const void* data, size_t bytes);
 
 // Copies `bytes` bytes from `from` to `to` (not overlapping) and returns their crc32(), in
-// one pass: a chunk small enough to stay in cache is copied, then checksummed from the
-// copy. Measured on 38 MiB: 6.5 ms, against 6.0 ms for the copy and 3.7 ms for a CRC pass
-// over memory after it (ft/snapshot.h copies host state with it, off the training thread).
+// one pass over the source: a 64 KiB chunk is checksummed (which brings it into the
+// cache) and then stored to `to` with non-temporal stores, which neither read the
+// destination's lines first nor evict the training thread's data from the caches (a
+// snapshot's slot is not read again until a restore). `from` must not change meanwhile.
+// 19 MiB from cold caches, this machine: 2.9 ms, against 3.9 ms for a memcpy of each
+// chunk checksummed from the copy (ft/snapshot.h copies host state with it, off the
+// training thread).
 uint32_t copy_with_crc32(void* to, const void* from, size_t bytes);
 
 }  // namespace trireme::ft
