@@ -1,11 +1,17 @@
 // Metrics JSON, the progress line and timeline merging (obs/).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "trireme/obs/json.h"
+#include "trireme/obs/metrics.h"
 #include "trireme/obs/progress.h"
 #include "trireme/common/error.h"
 #include "trireme/obs/timeline.h"
@@ -141,6 +147,13 @@ TEST(Timeline, MalformedTsvIsRefusedNamingTheLine) {
   const std::string bad_lane = header + "# rank 0\n# rank 1\n7\t1\t5\tcompute\tforward\n";
   EXPECT_TRUE(has(error_of(bad_lane), "line 4: lane must be 0")) << error_of(bad_lane);
   EXPECT_THROW(Timeline::parse("0\t1\t-5\tcompute\tforward\n"), trireme::InvalidArgument);
+  // Times far past any wall clock would make the picture's axis inf or NaN.
+  for (const char* times : {"1e308\t5", "-1e308\t5", "1e18\t5", "10\t1e18"}) {
+    const std::string huge = header + "# rank 0\n# rank 1\n0\t" + times + "\tcompute\tforward\n";
+    EXPECT_TRUE(has(error_of(huge), "line 4: start_us and duration_us must be at most 1e17"))
+        << error_of(huge);
+  }
+  EXPECT_EQ(parse_ranks(header + "# rank 0\n# rank 1\n0\t-1e17\t1e17\tcompute\tforward\n")[1].size(), 1u);
 }
 
 TEST(Timeline, SvgRowsCanBeNamed) {
@@ -174,4 +187,69 @@ TEST(Json, XmlEscapeKeepsTheDocumentWellFormed) {
   EXPECT_EQ(xml_escape("tab\tnl\ncr\r"), "tab\tnl\ncr\r");
   EXPECT_EQ(xml_escape(std::string("a\x01" "b\x1f", 4)), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
   EXPECT_EQ(xml_escape("ünï"), "ünï");
+}
+
+TEST(Json, InvalidUtf8BecomesReplacementCharacters) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  // Well-formed sequences of 2, 3 and 4 bytes pass through.
+  const std::string good = "\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80";
+  EXPECT_EQ(xml_escape(good), good);
+  EXPECT_EQ(json_escape(good), "\"" + good + "\"");
+  // Latin-1 'é', a stray continuation byte, a cut sequence, an overlong '/', a surrogate,
+  // a code point above U+10FFFF: one U+FFFD per byte.
+  EXPECT_EQ(xml_escape("caf\xE9"), "caf" + fffd);
+  EXPECT_EQ(xml_escape("\x80x"), fffd + "x");
+  EXPECT_EQ(xml_escape("a\xE2\x82"), "a" + fffd + fffd);
+  EXPECT_EQ(xml_escape("\xC0\xAF"), fffd + fffd);
+  EXPECT_EQ(xml_escape("\xED\xA0\x80"), fffd + fffd + fffd);
+  EXPECT_EQ(xml_escape("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);
+  EXPECT_EQ(xml_escape("<\xFF>"), "&lt;" + fffd + "&gt;");
+  EXPECT_EQ(json_escape("caf\xE9\n"), "\"caf" + fffd + "\\n\"");
+  // Through timeline.svg, as a Latin-1 name in timeline.tsv would go.
+  RankEvents rows(1);
+  rows[0].push_back({"caf\xE9", "compute", Lane::kCompute, 0, 1000, "", "\xE9"});
+  const std::string svg = timeline_svg("t\xE9", rows, {"r\xE9"});
+  EXPECT_EQ(svg.find("\xE9"), std::string::npos);
+  EXPECT_NE(svg.find("caf" + fffd), std::string::npos);
+}
+
+TEST(Plot, WriteTextFileReportsAFailedRenameAndLeavesNoTemporary) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("trireme-test-obs-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "taken");
+  write_text_file((dir / "ok.svg").string(), "<svg/>\n");
+  std::ifstream in(dir / "ok.svg");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "<svg/>");
+  EXPECT_FALSE(fs::exists(dir / "ok.svg.tmp"));
+  // A path that is an existing directory: the rename fails, and that is what is reported.
+  const std::string taken = (dir / "taken").string();
+  try {
+    write_text_file(taken, "x", "give --out a file");
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const trireme::InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot replace " + taken + " ("), std::string::npos) << what;
+    EXPECT_NE(what.find("); give --out a file"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  EXPECT_TRUE(fs::is_directory(dir / "taken"));
+  EXPECT_FALSE(fs::exists(dir / "taken.tmp"));
+  EXPECT_THROW(write_text_file((dir / "missing" / "x.svg").string(), "x"), trireme::InvalidArgument);
+  fs::remove_all(dir);
+}
+
+TEST(Metrics, AFullDiskIsReportedNotIgnored) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  MetricsWriter writer("/dev/full");
+  try {
+    writer.write(JsonObject().add("step", 1));
+    ADD_FAILURE() << "expected trireme::Error";
+  } catch (const trireme::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/dev/full"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::strerror(ENOSPC)), std::string::npos) << what;
+  }
 }

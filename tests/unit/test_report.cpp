@@ -118,6 +118,12 @@ TEST(PipelineReport, SplitBackwardAndOverlapsCountOnce) {
   EXPECT_NEAR(s.bubble, 0.0, 1e-12);
 }
 
+TEST(PipelineReport, TheoreticalBubbleRefusesAnOversizedSchedule) {
+  // A run.json with micro_batches 1e8: refused at once, not built (tens of GB).
+  EXPECT_THROW(theoretical_bubble({ScheduleKind::kZbH1, 4, 100000000, 1}), trireme::InvalidArgument);
+  EXPECT_THROW(theoretical_bubble({ScheduleKind::kOneFOneB, 4, 100000000, 1}), trireme::InvalidArgument);
+}
+
 TEST(PipelineReport, NoPipelineEventsAndMissingSteps) {
   RankEvents rows(2);
   rows[0].push_back({"forward", "compute", Lane::kCompute, 0, 1000, "", ""});

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -219,6 +220,28 @@ TEST(Schedule, RefusesInvalidCombinations) {
   } catch (const trireme::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of --pp 4"), std::string::npos) << e.what();
   }
+}
+
+TEST(Schedule, RefusesSchedulesAboveTheSizeBound) {
+  // 3 * p * m * v operations at most: 10^6.
+  EXPECT_NO_THROW(validate({ScheduleKind::kOneFOneB, 1, 333333, 1}));
+  EXPECT_THROW(validate({ScheduleKind::kOneFOneB, 1, 333334, 1}), trireme::InvalidArgument);
+  EXPECT_THROW(validate({ScheduleKind::kInterleaved, 4, 20000, 5}), trireme::InvalidArgument);
+  try {
+    validate({ScheduleKind::kOneFOneB, 4, 50000000, 1});  // would need tens of GB
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 4 x --micro-batches 50000000 makes a schedule of "
+                                         "more than 1000000"),
+              std::string::npos)
+        << e.what();
+  }
+  // No int overflow on the way: the largest sizes are refused, not wrapped round.
+  const int most = std::numeric_limits<int>::max();
+  EXPECT_THROW(validate({ScheduleKind::kOneFOneB, most, most, 1}), trireme::InvalidArgument);
+  EXPECT_THROW(validate({ScheduleKind::kInterleaved, 1 << 30, 1 << 30, most}), trireme::InvalidArgument);
+  EXPECT_THROW(compute_order({ScheduleKind::kInterleaved, 2, 1 << 30, 1 << 30}, 0), trireme::InvalidArgument);
+  EXPECT_THROW(build_schedule({ScheduleKind::kGPipe, 4, 100000000, 1}), trireme::InvalidArgument);
 }
 
 #include "trireme/parallel/pipeline/picture.h"

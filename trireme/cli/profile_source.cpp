@@ -1,5 +1,8 @@
 #include "trireme/cli/profile_source.h"
 
+#include <cstdint>
+#include <utility>
+
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/plan/cluster.h"
@@ -20,11 +23,29 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
 plan::Profile load_profile(const ProfileSource& s) {
   TRIREME_CHECK(s.file.empty() != s.analytic.empty(),
                 "give one of --profile FILE (make one with trireme profile gpt --out profile.json) and --analytic DEVICE");
+  // A flag that does not apply is refused rather than ignored. FlagParser does not say which
+  // flags were given, so one counts as given when its value is not the default (as
+  // train's check_plan_keeps does): one given at its default value goes unnoticed.
+  const ProfileSource defaults;
   if (!s.file.empty()) {
     plan::Profile profile = plan::read_profile(s.file);
+    using models::GptConfig;
+    const std::pair<const char*, int64_t GptConfig::*> shape[] = {
+        {"layers", &GptConfig::layers}, {"dim", &GptConfig::dim}, {"heads", &GptConfig::heads},
+        {"seq", &GptConfig::seq_len}, {"vocab", &GptConfig::vocab}};
+    for (const auto& [flag, field] : shape)
+      TRIREME_CHECK(s.model.*field == defaults.model.*field, "--", flag, " ", s.model.*field,
+                    " applies only with --analytic; the model of ", s.file, " has --", flag, " ",
+                    profile.model.*field, " (drop --", flag, ", or profile the model you mean with trireme profile gpt)");
+    TRIREME_CHECK(s.utilisation == defaults.utilisation,
+                  "--utilisation applies only with --analytic; ", s.file,
+                  " holds measured times (drop --utilisation)");
     if (!s.no_calibration) plan::calibrate(&profile, cost_options_for(profile));
     return profile;
   }
+  TRIREME_CHECK(!s.no_calibration,
+                "--no-calibration applies only with --profile; an --analytic profile has no measured "
+                "training steps to calibrate by (drop --no-calibration)");
   s.model.validate();
   return plan::analytic_profile(s.model, s.analytic, plan::find_device(s.analytic).tflops, s.utilisation);
 }

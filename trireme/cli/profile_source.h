@@ -21,9 +21,11 @@ struct ProfileSource {
 };
 
 void add_profile_flags(FlagParser& parser, ProfileSource* source);
-// Throws InvalidArgument unless exactly one of --profile and --analytic is given. A
-// measured profile with training-step rows comes back calibrated (plan::calibrate) unless
-// --no-calibration.
+// Throws InvalidArgument unless exactly one of --profile and --analytic is given, and when
+// a flag of the other one is: the model flags and --utilisation with --profile,
+// --no-calibration with --analytic (a flag counts as given when it is not at its default).
+// A measured profile with training-step rows comes back calibrated (plan::calibrate)
+// unless --no-calibration.
 plan::Profile load_profile(const ProfileSource& source);
 
 // The cost model's options for a profile: the overlap of communication with compute the

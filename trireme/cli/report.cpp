@@ -3,12 +3,13 @@
 //   RUN_DIR/run.json       the layout: mesh sizes, schedule, micro-batches, chunks, the
 //                          traced steps, and each rank's pipeline stage and replica
 //   RUN_DIR/timeline.tsv   every rank's traced events (obs::serialize_ranks)
-// It draws RUN_DIR/pipeline.svg, one row per pipeline stage (the ranks of one
-// data-parallel replica: --replica, default 0), and prints per stage the F/B/W counts and
-// mean times, busy and span time and the measured bubble next to the schedule's
-// theoretical one (pipeline::measure_pipeline and pipeline::theoretical_bubble define them).
-// --step N restricts both to one traced step. A pp=1 run is drawn one row per rank.
-//   trireme report runs/pp2 [--step 3] [--replica 1]
+// It draws RUN_DIR/pipeline.svg (or --out FILE, e.g. when RUN_DIR is read-only), one row
+// per pipeline stage (the ranks of one data-parallel replica: --replica, default 0), and
+// prints per stage the F/B/W counts and mean times, busy and span time and the measured
+// bubble next to the schedule's theoretical one (pipeline::measure_pipeline and
+// pipeline::theoretical_bubble define them). --step N restricts both to one traced step.
+// A pp=1 run is drawn one row per rank.
+//   trireme report runs/pp2 [--step 3] [--replica 1] [--out pp2.svg]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -51,6 +52,7 @@ struct ReportOptions {
   std::string dir;
   int step = 0;  // 0: every traced step
   int replica = 0;
+  std::string out;  // the picture; "" for RUN_DIR/pipeline.svg
 };
 
 // The fix named in every message about a run directory's files.
@@ -159,13 +161,14 @@ obs::RankEvents read_timeline(const std::string& dir, size_t world) {
 }
 
 // The stage rows of one replica: per stage the lowest rank of that stage and replica.
-std::vector<int> stage_ranks(const RunLayout& layout, int replica) {
+std::vector<int> stage_ranks(const RunLayout& layout, int replica, const std::string& dir) {
   std::vector<int> ranks(layout.pp, -1);
   for (const auto& place : layout.ranks)
     if (place.replica == replica && ranks[place.stage] < 0) ranks[place.stage] = place.rank;
   for (int stage = 0; stage < layout.pp; ++stage)
-    TRIREME_CHECK(ranks[stage] >= 0, "run.json has no rank for stage ", stage, " of replica ",
-                  replica);
+    TRIREME_CHECK(ranks[stage] >= 0, (std::filesystem::path(dir) / "run.json").string(),
+                  ": \"ranks\" has no rank for stage ", stage, " of replica ", replica, "; ",
+                  rerun_hint(dir), " again");
   return ranks;
 }
 
@@ -261,10 +264,11 @@ ReportOptions parse_options(const std::vector<std::string>& args, bool* help) {
   FlagParser parser("trireme report");
   parser.add("step", &opt.step, "draw and measure only this traced step; 0: every traced step");
   parser.add("replica", &opt.replica, "data-parallel replica whose stages are drawn");
+  parser.add("out", &opt.out, "write the picture to this file (default RUN_DIR/pipeline.svg)");
   const auto rest = parser.parse(args);
   *help = parser.help_requested();
   if (*help) {
-    std::fputs("usage: trireme report RUN_DIR [flags]\n", stdout);
+    std::fputs("usage: trireme report RUN_DIR [--step N] [--replica R] [--out FILE]\n", stdout);
     std::fputs(parser.usage().c_str(), stdout);
     return opt;
   }
@@ -293,7 +297,9 @@ int report_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(layout.pp > 1 || opt.step == 0, "--step needs a pipeline run; ", opt.dir, " has pp=1");
   const int first = opt.step ? opt.step : layout.first_step;
   const int last = opt.step ? opt.step : layout.last_step;
-  const std::string svg_path = (std::filesystem::path(opt.dir) / "pipeline.svg").string();
+  const std::string svg_path =
+      opt.out.empty() ? (std::filesystem::path(opt.dir) / "pipeline.svg").string() : opt.out;
+  const std::string svg_fix = "pass --out FILE to write the picture elsewhere";
   std::printf("run: %s; %s; %s\n", layout.command.c_str(), layout.mesh.c_str(),
               steps_text(first, last).c_str());
 
@@ -301,7 +307,8 @@ int report_main(const std::vector<std::string>& args) {
     obs::write_text_file(svg_path, obs::timeline_svg("trireme report: " + layout.command + ", " +
                                                          layout.mesh + ", " +
                                                          steps_text(first, last),
-                                                     ranks));
+                                                     ranks),
+                         svg_fix);
     std::printf("no pipeline (pp=1): one row per rank\npipeline.svg: %s\n", svg_path.c_str());
     return 0;
   }
@@ -315,7 +322,7 @@ int report_main(const std::vector<std::string>& args) {
     TRIREME_THROW(InvalidArgument, (std::filesystem::path(opt.dir) / "run.json").string(), ": ",
                   e.what());
   }
-  const std::vector<int> row_ranks = stage_ranks(layout, opt.replica);
+  const std::vector<int> row_ranks = stage_ranks(layout, opt.replica, opt.dir);
   obs::RankEvents rows;
   std::vector<std::string> names;
   for (int stage = 0; stage < layout.pp; ++stage) {
@@ -345,7 +352,8 @@ int report_main(const std::vector<std::string>& args) {
                        obs::timeline_svg("trireme report: " + layout.command + ", " + layout.mesh +
                                              ", " + schedule + ", " + steps_text(first, last) +
                                              ", replica " + std::to_string(opt.replica),
-                                         rows, names));
+                                         rows, names),
+                       svg_fix);
   std::printf("pipeline.svg: %s\n", svg_path.c_str());
   return 0;
 }

@@ -35,7 +35,8 @@ int schedule_main(const std::vector<std::string>& args) {
                               " micro-batches" +
                               (chunks > 1 ? ", " + std::to_string(chunks) + " chunks" : "") +
                               " (1 ms = 1 step)";
-    obs::write_text_file(out, obs::timeline_svg(title, pipeline::schedule_events(spec)));
+    obs::write_text_file(out, obs::timeline_svg(title, pipeline::schedule_events(spec)),
+                         "give --out a file in a directory you can write to");
     std::printf("wrote %s\n", out.c_str());
   }
   return 0;

@@ -4,10 +4,41 @@
 #include <cstdio>
 
 namespace trireme::obs {
+namespace {
+
+constexpr const char* kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+// The length (2 to 4) of the well-formed UTF-8 sequence that starts at text[i], a byte of
+// 0x80 or above; 0 when there is none: a stray continuation byte, a cut sequence, an
+// overlong form, a surrogate or a code point above U+10FFFF (Latin-1 text, say).
+size_t utf8_sequence(const std::string& text, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  size_t n = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) low = 0xA0;   // else overlong (below U+0800)
+    if (c == 0xED) high = 0x9F;  // else a surrogate (U+D800..U+DFFF)
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) low = 0x90;   // else overlong (below U+10000)
+    if (c == 0xF4) high = 0x8F;  // else above U+10FFFF
+  }
+  if (n == 0 || i + n > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+}  // namespace
 
 std::string json_escape(const std::string& text) {
   std::string out = "\"";
-  for (unsigned char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = text[i];
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -19,8 +50,13 @@ std::string json_escape(const std::string& text) {
           char buf[8];
           std::snprintf(buf, sizeof(buf), "\\u%04x", c);
           out += buf;
-        } else {
+        } else if (c < 0x80) {
           out += static_cast<char>(c);
+        } else if (const size_t n = utf8_sequence(text, i)) {
+          out.append(text, i, n);
+          i += n - 1;
+        } else {
+          out += kReplacement;
         }
     }
   }
@@ -29,14 +65,21 @@ std::string json_escape(const std::string& text) {
 
 std::string xml_escape(const std::string& text) {
   std::string out;
-  for (char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
     if (c == '<') out += "&lt;";
     else if (c == '>') out += "&gt;";
     else if (c == '&') out += "&amp;";
     else if (c == '"') out += "&quot;";
     // XML 1.0 allows no control characters but tab, newline and carriage return.
-    else if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') out += "\xEF\xBF\xBD";
-    else out += c;
+    else if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') out += kReplacement;
+    else if (static_cast<unsigned char>(c) < 0x80) out += c;
+    else if (const size_t n = utf8_sequence(text, i)) {
+      out.append(text, i, n);
+      i += n - 1;
+    } else {
+      out += kReplacement;
+    }
   }
   return out;
 }

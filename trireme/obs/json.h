@@ -1,6 +1,6 @@
 // Minimal JSON writing for metrics lines and traces: an ordered list of key/value fields
-// written as one object. Numbers keep enough digits to round-trip a double (%.17g is exact;
-// losses are written with %.10g, >= 9 significant digits, as metrics.jsonl promises).
+// written as one object. Numbers are written with %.10g: ten significant digits (>= 9, as
+// metrics.jsonl promises for losses), not enough to round-trip every double.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +28,12 @@ class JsonObject {
   std::vector<std::pair<std::string, std::string>> fields_;  // key -> serialised value
 };
 
+// A JSON string literal, quotes included. Bytes that are not well-formed UTF-8 (Latin-1
+// text, a cut sequence) become U+FFFD, one per byte, so the output is valid UTF-8.
 std::string json_escape(const std::string& text);
 // Escapes <, >, & and " for SVG/XML text and attribute values, and replaces the control
-// characters XML forbids (all below 0x20 but tab, newline, CR) by U+FFFD.
+// characters XML forbids (all below 0x20 but tab, newline, CR) and bytes that are not
+// well-formed UTF-8 by U+FFFD.
 std::string xml_escape(const std::string& text);
 std::string json_number(double value);
 

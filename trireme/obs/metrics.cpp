@@ -8,7 +8,7 @@
 namespace trireme::obs {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : file_(std::fopen(path.c_str(), append ? "a" : "w")) {
+    : path_(path), file_(std::fopen(path.c_str(), append ? "a" : "w")) {
   TRIREME_CHECK(file_, "cannot open ", path, " for writing (", std::strerror(errno),
                 "); choose a writable --out directory");
 }
@@ -19,8 +19,10 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const JsonObject& record) {
   const std::string line = record.str();
-  std::fprintf(file_, "%s\n", line.c_str());
-  std::fflush(file_);
+  // Checked: on a full disk the line stays in the buffer and fflush fails (ENOSPC).
+  if (std::fprintf(file_, "%s\n", line.c_str()) < 0 || std::fflush(file_) != 0)
+    TRIREME_THROW(Error, "cannot append to ", path_, " (", std::strerror(errno),
+                  "); free space on its disk or choose another --out directory");
 }
 
 }  // namespace trireme::obs

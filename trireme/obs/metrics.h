@@ -17,9 +17,12 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
+  // Appends one line and flushes it; throws Error naming the path and the system's reason
+  // when either fails (a full disk).
   void write(const JsonObject& record);
 
  private:
+  std::string path_;
   std::FILE* file_ = nullptr;
 };
 

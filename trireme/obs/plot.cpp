@@ -80,22 +80,28 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
   return svg.str();
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
+void write_text_file(const std::string& path, const std::string& text, const std::string& fix) {
   // Written beside it and renamed over it: a crash leaves the old file or the new one,
   // never half of one that a later command trips over.
   const std::string temporary = path + ".tmp";
+  std::error_code ignored;  // removing the temporary after a failure is best effort
   {
     std::ofstream out(temporary);
-    TRIREME_CHECK(out.good(), "cannot write ", path, " (", std::strerror(errno),
-                  "); choose a directory you can write to");
+    TRIREME_CHECK(out.good(), "cannot write ", path, " (", std::strerror(errno), "); ", fix);
     out << text;
     out.close();
-    TRIREME_CHECK(!out.fail(), "failed writing ", path, " (", std::strerror(errno), ")");
+    if (out.fail()) {
+      const int error = errno;
+      std::filesystem::remove(temporary, ignored);
+      TRIREME_THROW(InvalidArgument, "failed writing ", path, " (", std::strerror(error), "); ", fix);
+    }
   }
   std::error_code ec;
   std::filesystem::rename(temporary, path, ec);
-  if (ec) std::filesystem::remove(temporary, ec);
-  TRIREME_CHECK(!ec, "cannot replace ", path, " (", ec.message(), ")");
+  if (ec) {
+    std::filesystem::remove(temporary, ignored);
+    TRIREME_THROW(InvalidArgument, "cannot replace ", path, " (", ec.message(), "); ", fix);
+  }
 }
 
 }  // namespace trireme::obs

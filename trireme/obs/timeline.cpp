@@ -14,9 +14,16 @@
 namespace trireme::obs {
 namespace {
 
+// Room for any double in %.3f: a sign, 309 digits, the point and 3 decimals.
+constexpr size_t kFixedChars = 320;
+
+// Larger times in timeline.tsv are refused: 10^17 us is about 3,000 years, past any wall
+// clock, and keeps sums and differences of times finite in the pictures.
+constexpr double kMaxMicroseconds = 1e17;
+
 // Wall-clock microseconds need 16 significant digits; keep nanosecond resolution.
 std::string microseconds(double us) {
-  char buf[40];
+  char buf[kFixedChars];
   std::snprintf(buf, sizeof(buf), "%.3f", us);
   return buf;
 }
@@ -24,7 +31,7 @@ std::string microseconds(double us) {
 std::string lane_name(Lane lane) { return lane == Lane::kComm ? "comm" : "compute"; }
 
 std::string fixed(double v, int digits = 1) {
-  char buf[40];
+  char buf[kFixedChars];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
 }
@@ -99,6 +106,9 @@ TraceEvent parse_event(const std::string& line, size_t line_no) {
                 ": start_us must be a number, got ", quoted(fields[1]));
   TRIREME_CHECK(parse_number(fields[2], &e.duration_us) && e.duration_us >= 0, "line ", line_no,
                 ": duration_us must be a number >= 0, got ", quoted(fields[2]));
+  TRIREME_CHECK(std::abs(e.start_us) <= kMaxMicroseconds && e.duration_us <= kMaxMicroseconds,
+                "line ", line_no, ": start_us and duration_us must be at most 1e17 in magnitude, got ",
+                quoted(fields[1]), " and ", quoted(fields[2]));
   e.category = fields[3];
   e.name = fields[4];
   e.args_json = fields[5];

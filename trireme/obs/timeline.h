@@ -16,8 +16,9 @@
 // Text form of one event (serialize/parse), one line, seven tab-separated fields:
 //   lane  start_us  duration_us  category  name  args_json  label
 //   0     1712.250  50.000       pipeline  F m3 c0  {"micro": 3, "chunk": 0, "step": 2}  3
-// lane is 0 (compute) or 1 (comm); args_json and label may be empty. Tabs and newlines
-// inside a field are written as spaces.
+// lane is 0 (compute) or 1 (comm); args_json and label may be empty; |start_us| and
+// duration_us are at most 1e17 (about 3,000 years). Tabs and newlines inside a field are
+// written as spaces.
 //
 // timeline.tsv (serialize_ranks/parse_ranks): a header naming the format and the number
 // of ranks, then each rank's block (possibly empty) after a `# rank N` line, in rank order:

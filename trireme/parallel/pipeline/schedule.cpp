@@ -103,6 +103,14 @@ void validate(const ScheduleSpec& spec) {
   TRIREME_CHECK(spec.kind != ScheduleKind::kInterleaved || spec.micro_batches % spec.stages == 0,
                 "--schedule interleaved needs --micro-batches a multiple of --pp ", spec.stages,
                 ", got ", spec.micro_batches);
+  // Multiplied one factor at a time: each is below 2^31 and the product so far below 2^20.
+  int64_t operations = 3;
+  for (const int factor : {spec.stages, spec.chunks, spec.micro_batches})
+    if (operations <= kMaxScheduleOperations) operations *= factor;
+  TRIREME_CHECK(operations <= kMaxScheduleOperations, "--pp ", spec.stages, " x --micro-batches ",
+                spec.micro_batches, (spec.chunks > 1 ? " x --chunks " + std::to_string(spec.chunks) : ""),
+                " makes a schedule of more than ", kMaxScheduleOperations,
+                " F, B and W operations (3 x pp x micro-batches x chunks); lower --micro-batches or --pp");
 }
 
 bool is_compute(const Instruction& i) {
@@ -170,7 +178,7 @@ std::string to_string(const Instruction& instruction) {
 }
 
 std::vector<Instruction> compute_order(const ScheduleSpec& spec, int stage) {
-  validate(spec);
+  validate(spec);  // bounds p*m*v, so m*v and the indices below fit an int
   const int p = spec.stages, m = spec.micro_batches, v = spec.chunks;
   TRIREME_CHECK(stage >= 0 && stage < p, "stage ", stage, " is outside 0..", p - 1);
   auto single = [](int k) { return std::make_pair(k, 0); };

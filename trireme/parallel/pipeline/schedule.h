@@ -30,6 +30,7 @@
 // Pure: no libtorch.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <variant>
@@ -49,8 +50,15 @@ struct ScheduleSpec {
 // "gpipe" | "1f1b" | "interleaved" | "zb-h1"; throws InvalidArgument listing the names.
 ScheduleKind parse_schedule(const std::string& name);
 const char* schedule_name(ScheduleKind kind);
+// The most compute instructions a schedule may have, counted as 3 per micro-batch, chunk
+// and stage (F, B, W): p*m*v*3 <= 10^6. It keeps build_schedule's memory and time small
+// (a few hundred MB at the bound) and m*v far from int overflow; real pipelines have
+// p*v <= layers and m in the hundreds, far below it.
+constexpr int64_t kMaxScheduleOperations = 1'000'000;
+
 // Throws InvalidArgument with one line naming the flag: p, m, v < 1; chunks > 1 for a
-// schedule other than interleaved; m not a multiple of p for interleaved.
+// schedule other than interleaved; m not a multiple of p for interleaved; p*m*v*3 above
+// kMaxScheduleOperations.
 void validate(const ScheduleSpec& spec);
 
 // Instructions. `micro` is the micro-batch, `chunk` the model chunk on this stage.
