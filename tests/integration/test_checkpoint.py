@@ -4,8 +4,9 @@
   PP=2, ZeRO-2), per-step losses and final parameters; the resumed run says it resumed at
   step 3 (a run that found no checkpoint would retrain from 0 and match too);
 - a checkpoint written under DP=2 x PP=2 loads under 1 process, DP=4, PP=4, TP=2, ZeRO-2
-  at DP=4 and ZeRO-1 at DP=2 x PP=2 (at its last step: it trains nothing): the loaded
-  parameters are equal, and after one more step the parameters and the optimizer state
+  at DP=4 and ZeRO-1 at DP=2 x PP=2 (at its last step: it trains nothing): each layout's
+  loaded parameters equal the checkpoint's own, read from its files (max abs diff 0,
+  printed), and after one more step the parameters and the optimizer state
   (exp_avg, exp_avg_sq, step; read back from the checkpoint each layout writes) match the
   writer's within 1e-5 (the state relative to each tensor's largest element, since
   exp_avg_sq is of the order of 1e-6);
@@ -166,7 +167,10 @@ class Checkpoints(unittest.TestCase):
         train(ref, 4, writer, 4, ["--checkpoint-every", "1", "--keep-checkpoints", "5"])
         ref4 = read_params(ref + ".step4.params")
         ref_state = read_checkpoint(os.path.join(ref, "checkpoints", "4"))
-        loaded3 = None
+        # The writer's parameters at step 3, whole, as its checkpoint holds them: what every
+        # layout must load (a --dump-params file's layout: name -> flat values).
+        ref3 = {k[len("param/"):]: v.flatten().tolist()
+                for k, v in read_checkpoint(os.path.join(ref, "checkpoints", "3")).items() if k.startswith("param/")}
         for nproc, layout in [(1, []), (4, ["--dp", "4"]), (4, ["--pp", "4"]), (2, ["--tp", "2"]),
                               (4, ["--dp", "4", "--zero", "2"]),
                               (4, ["--dp", "2", "--pp", "2", "--zero", "1", "--micro-batches", "2"])]:
@@ -186,8 +190,7 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual([m["step"] for m in rows(out)], [4])
             at4 = read_params(dump)
             state4 = read_checkpoint(os.path.join(root, "4"))
-            loaded3 = loaded3 or at3
-            diff3 = max_abs_diff(loaded3, at3)
+            diff3 = max_abs_diff(ref3, at3)
             diff4 = max_abs_diff(ref4, at4)
             # The same tensors (generator states and bucket layouts are per rank, so their
             # count follows the layout).
@@ -200,9 +203,10 @@ class Checkpoints(unittest.TestCase):
                 return float((state4[k] - ref_state[k]).abs().max() / ref_state[k].abs().max().clamp(min=1e-30))
             # (worst: inf when one is NaN, which max() would let through.)
             state_diff = worst(relative(k) for k in ref_state if not per_rank(k))
-            print(f"checkpoint of dp2 x pp2 loaded under {name}: parameters vs 1 process's load "
-                  f"{diff3:.3g}; one more step: parameters {diff4:.3g}, its checkpoint (params, exp_avg, "
-                  f"exp_avg_sq, step) vs the writer's {state_diff:.3g} (max relative to each tensor's scale)")
+            print(f"checkpoint of dp2 x pp2 loaded under {name}: max abs diff of the loaded parameters vs "
+                  f"the checkpoint's (step 3) {diff3:.3g}; one more step: parameters {diff4:.3g}, "
+                  f"its checkpoint (params, exp_avg, exp_avg_sq, step) vs the writer's {state_diff:.3g} "
+                  f"(max relative to each tensor's scale)")
             self.assertEqual(diff3, 0.0)
             self.assertLessEqual(diff4, 1e-5)
             self.assertLessEqual(state_diff, 1e-5)

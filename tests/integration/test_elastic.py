@@ -39,6 +39,10 @@ MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch
          "--lr", "3e-3", "--warmup", "0", "--clip", "0.05", "--bucket-mb", "0.02",
          "--first-bucket-mb", "0.01", "--sample-tokens", "0", "--log-every", "1"]
 STEPS = 40
+# Seconds without an agent's heartbeat (one every 200 ms) before its machine counts as lost:
+# the default, 5. Less (3 was used) can take a live machine for lost when a loaded 2-core
+# host starves an agent that long; each kill test waits it out once.
+NODE_TIMEOUT = 5
 # Reduction order changes with dp (sums of 3 vs 2 partial gradients): losses agree to
 # float32 rounding, not bit for bit.
 LOSS_TOLERANCE = 1e-4
@@ -85,7 +89,7 @@ class ElasticBase(unittest.TestCase):
 
     def start(self, node, port, out, extra=(), nproc=1, nnodes="2:3"):
         args = [TRIREME, "train", "gpt", "--nproc-per-node", str(nproc), "--nnodes", nnodes, "--node-rank", str(node),
-                "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "4", "--node-timeout", "3",
+                "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "4", "--node-timeout", str(NODE_TIMEOUT),
                 "--snapshot-every", "1", "--snapshot-overhead", "0", "--steps", str(self.steps), "--out", out,
                 "--seed", "7"] + MODEL + list(extra)
         p = subprocess.Popen(args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -24,6 +24,14 @@ def rank_of(pid):
     return int(env[b"RANK"]) if b"RANK" in env else None
 
 
+def steps_done(metrics):
+    """Lines in the run's metrics.jsonl (one per step), 0 before it exists."""
+    if not os.path.exists(metrics):
+        return 0
+    with open(metrics) as f:
+        return len(f.readlines())
+
+
 class PipelineFailFast(unittest.TestCase):
     def kill_stage(self, pp, stage):
         out = os.path.join(temp_dir(), f"pp{pp}-kill{stage}")
@@ -35,11 +43,15 @@ class PipelineFailFast(unittest.TestCase):
             metrics = os.path.join(out, "metrics.jsonl")
             deadline = time.monotonic() + 120
             # Wait until a few steps are done, so the kill lands while the pipeline runs.
+            reached = False
             while time.monotonic() < deadline and agent.poll() is None:
-                if os.path.exists(metrics) and len(open(metrics).readlines()) >= 3:
+                if steps_done(metrics) >= 3:
+                    reached = True
                     break
                 time.sleep(0.05)
             self.assertIsNone(agent.poll(), "training ended before the kill")
+            self.assertTrue(reached, f"training did not reach step 3 within 120 s (steps done: {steps_done(metrics)}); "
+                            "a kill now would not land in a running pipeline")
             # Stage s is rank s here (dp=1, tp=1).
             victim = [pid for pid in workers_alive(out) if rank_of(pid) == stage]
             self.assertEqual(len(victim), 1)

@@ -103,12 +103,19 @@ class Recovery(SnapshotAreaTest):
         killed_at = None
         if kill_at is not None:
             # Wait (polling the run's own progress) until it has done kill_at steps.
-            deadline = time.time() + 120
+            deadline = time.monotonic() + 120
             path = os.path.join(out, "metrics.jsonl")
-            while time.time() < deadline and proc.poll() is None:
+            reached = False
+            while time.monotonic() < deadline and proc.poll() is None:
                 if lines_in(path) >= kill_at and (not after_standby or len(standbys(out)) == nproc):
+                    reached = True
                     break
                 time.sleep(0.01)
+            # A kill after the run ended, or before the awaited step, would test nothing
+            # (or something else): say which condition was missed.
+            self.assertTrue(reached, f"not reached within 120 s: {kill_at} steps done (done: {lines_in(path)})"
+                            + (f" and {nproc} standby workers up (up: {len(standbys(out))})" if after_standby else "")
+                            + ("; the run had ended (exit %s)" % proc.returncode if proc.poll() is not None else ""))
             pids = [p for p in workers_alive(out) if rank_of(p) == victim]
             self.assertEqual(len(pids), 1, "the victim worker was not found")
             killed_at = lines_in(path)
@@ -220,9 +227,11 @@ class Recovery(SnapshotAreaTest):
     def test_hung_worker_is_killed_and_restarted(self):
         # Rank 1 stops after step 6 without exiting (TRIREME_TEST_HANG_AT); its heartbeat
         # stalls, so do its peer's (waiting for it), and the agent kills and restarts them.
-        stderr = self.check(2, ["--dp", "2", "--heartbeat-timeout", "2", "--snapshot-every", "1",
+        # 5 s, not less: a busy 2-core machine can hold a healthy step that long (the test
+        # waits it out once, after the hang).
+        stderr = self.check(2, ["--dp", "2", "--heartbeat-timeout", "5", "--snapshot-every", "1",
                                 "--snapshot-overhead", "0"], victim=1, env={"TRIREME_TEST_HANG_AT": "1:6"})
-        self.assertIn("no progress for 2 s", stderr)
+        self.assertIn("no progress for 5 s", stderr)
         self.assertIn("killed as hung", stderr)
         # It hung before its snapshot of step 6: step 5 is the newest all ranks hold.
         self.assertIn("resumed at step 5 from memory snapshots", stderr)

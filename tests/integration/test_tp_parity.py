@@ -1,10 +1,10 @@
 """Tensor parallelism, alone and composed with data and pipeline parallelism, against one
-process, through `trireme train gpt` (real processes over Gloo): TP=2, TP=2 x PP=2,
-DP=2 x TP=2 and DP=2 x TP=2 x PP=2 (8 processes) give the per-step losses and, after 3
-AdamW steps with gradient clipping, the parameters of one process on the whole batch (max
-abs diff <= 1e-5, printed). The tensor-parallel shards are gathered into whole-model
-tensors for the comparison, so this also checks that a TP=t model is the TP=1 model slice
-for slice."""
+process, through `trireme train gpt` (real processes over Gloo): TP=2, TP=2 x PP=2 (under
+1F1B, GPipe, ZB-H1 and interleaved 1F1B), DP=2 x TP=2 and DP=2 x TP=2 x PP=2 (8
+processes) give the per-step losses and, after 3 AdamW steps with gradient clipping, the
+parameters of one process on the whole batch (max abs diff <= 1e-5, printed). The
+tensor-parallel shards are gathered into whole-model tensors for the comparison, so this
+also checks that a TP=t model is the TP=1 model slice for slice."""
 import json
 import os
 import unittest
@@ -48,6 +48,9 @@ class TensorParallelParity(unittest.TestCase):
         self.assertEqual((ran["dp"], ran["tp"], ran["pp"]), (dp, tp, pp), ran)
         self.assertIn(f"tp={tp}", ran["mesh"])
         self.assertEqual(len(ran["ranks"]), dp * tp * pp, ran)
+        for flag, field in (("--schedule", "schedule"), ("--chunks", "chunks"), ("--micro-batches", "micro_batches")):
+            if flag in extra:  # and the pipeline schedule asked for
+                self.assertEqual(str(ran[field]), extra[list(extra).index(flag) + 1], ran)
         ref_params, ref_losses, ref_steps = self.reference
         self.assertEqual(sorted(params), sorted(ref_params))  # every tensor, whole-model shapes
         param_diff = max_abs_diff(ref_params, params)
@@ -76,6 +79,17 @@ class TensorParallelParity(unittest.TestCase):
 
     def test_tp2_pp2(self):
         self.check(1, 2, 2, ["--schedule", "1f1b", "--micro-batches", "4"])
+
+    def test_tp2_pp2_gpipe(self):
+        self.check(1, 2, 2, ["--schedule", "gpipe", "--micro-batches", "4"])
+
+    def test_tp2_pp2_zero_bubble(self):
+        # ZB-H1's deferred weight gradients (W instructions) of tensor-parallel linears.
+        self.check(1, 2, 2, ["--schedule", "zb-h1", "--micro-batches", "4"])
+
+    def test_tp2_pp2_interleaved(self):
+        # 2 chunks per stage: 4 virtual stages, one layer each (embeddings, 2 blocks, head).
+        self.check(1, 2, 2, ["--schedule", "interleaved", "--chunks", "2", "--micro-batches", "4"])
 
     def test_dp2_tp2_pp2(self):
         self.check(2, 2, 2, ["--schedule", "1f1b", "--micro-batches", "2"])

@@ -1,8 +1,8 @@
 """ZeRO through `trireme train gpt --zero 1|2` (real processes over Gloo) against one
 process with unsharded AdamW: per-step losses and the parameters after 3 steps with
 gradient clipping (max abs diff <= 1e-5, printed) at DP=2 and DP=4, and composed with
-tensor and pipeline parallelism (DP=2 x TP=2, DP=2 x PP=2 with zero-bubble's deferred
-weight gradients). Memory: each rank's optimizer state (from run.json) is 1/d of the
+tensor and pipeline parallelism (DP=2 x TP=2; DP=2 x PP=2 under 1F1B, zero-bubble's
+deferred weight gradients and interleaved 1F1B). Memory: each rank's optimizer state (from run.json) is 1/d of the
 unsharded figure up to one element per rank and bucket, the ranks' shards add up to
 exactly the unsharded state, and under ZeRO-2 the gradients held are 1/d as well."""
 import json
@@ -37,8 +37,15 @@ class ZeroParity(unittest.TestCase):
 
     def check(self, zero, dp, tp=1, pp=1, extra=()):
         name = f"zero{zero}-dp{dp}-tp{tp}-pp{pp}" + "".join(extra).replace("--", "-")
-        params, steps, ranks = train(os.path.join(self.dir, name), dp, tp, pp,
-                                     ["--zero", str(zero)] + list(extra))
+        out = os.path.join(self.dir, name)
+        params, steps, ranks = train(out, dp, tp, pp, ["--zero", str(zero)] + list(extra))
+        # The run had this layout and schedule (a flag ignored would compare another run).
+        with open(os.path.join(out, "run.json")) as f:
+            ran = json.load(f)
+        self.assertEqual((ran["zero"], ran["dp"], ran["tp"], ran["pp"]), (zero, dp, tp, pp), ran)
+        for flag, field in (("--schedule", "schedule"), ("--chunks", "chunks"), ("--micro-batches", "micro_batches")):
+            if flag in extra:
+                self.assertEqual(str(ran[field]), extra[list(extra).index(flag) + 1], ran)
         ref_params, ref_steps, ref_ranks = self.reference
         param_diff = max_abs_diff(ref_params, params)
         loss_diff = max_abs([m["loss"] for m in ref_steps], [m["loss"] for m in steps])
@@ -96,6 +103,10 @@ class ZeroParity(unittest.TestCase):
 
     def test_zero2_dp2_pp2_zero_bubble(self):
         self.check(2, 2, pp=2, extra=["--schedule", "zb-h1", "--micro-batches", "2"])
+
+    def test_zero2_dp2_pp2_interleaved(self):
+        # 2 chunks per stage: each rank's reduce-scatters and shards span two model chunks.
+        self.check(2, 2, pp=2, extra=["--schedule", "interleaved", "--chunks", "2", "--micro-batches", "2"])
 
 
 if __name__ == "__main__":
