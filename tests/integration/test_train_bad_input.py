@@ -116,6 +116,31 @@ class TrainBadInput(unittest.TestCase):
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("the available model is: gpt", proc.stderr)
 
+    def test_stray_argument_is_named(self):
+        self.refuse(["--nproc-per-node", "1", "-n", "2"] + SMALL,
+                    "unexpected argument '-n' after 'trireme train gpt'; flags start with two dashes")
+
+    def test_flag_missing_its_value(self):
+        # The next flag is not taken for the value (it wrote the parameters to a file "--quiet").
+        self.refuse(["--nproc-per-node", "1", "--dump-params", "--quiet"] + SMALL[:-1],
+                    "--dump-params needs a value but is followed by --quiet")
+
+    def test_sizes_past_an_int_are_refused_not_wrapped(self):
+        # 4 x 1073741824 is 0 in 32 bits: dividing by it killed the command with SIGFPE;
+        # 1073741825 x 4 wraps to 4, which matched the world size.
+        self.refuse(["--nproc-per-node", "4", "--tp", "4", "--pp", "1073741824"] + SMALL,
+                    "--tp 4 x --pp 1073741824 = 4294967296 ranks per data-parallel replica, more than the job's 4")
+        self.refuse(["--nproc-per-node", "4", "--dp", "1073741825", "--pp", "4"] + SMALL,
+                    "--dp 1073741825 x --tp 1 x --pp 4 = 4294967300 but the job has 4 processes")
+        self.refuse(["--nproc-per-node", "2147483647", "--nnodes", "2", "--rdzv", f"127.0.0.1:{free_port()}"] + SMALL,
+                    "--nproc-per-node must be in 1..1024")
+
+    def test_replica_batches_with_an_empty_item(self):
+        # "6,2," was read as 2 replicas here but counted 3 by an elastic job's generation.
+        for batches in ["6,2,", "6,,2", ",6,2"]:
+            self.refuse(["--nproc-per-node", "2", "--batch", "8", "--replica-batches", batches] + SMALL[:-5],
+                        f"--replica-batches {batches} has an empty item (a stray comma)")
+
     def test_min_lr_above_lr_names_the_default(self):
         self.refuse(["--nproc-per-node", "1", "--lr", "1e-4"] + SMALL,
                     "--min-lr 0.0003 is outside [0, --lr 0.0001] (its default is 3e-4); give --min-lr at most --lr")

@@ -44,6 +44,61 @@ TEST(Flags, RefusesUnknownAndNonNumeric) {
   EXPECT_THROW(p.parse({"--steps"}), trireme::InvalidArgument);
 }
 
+// The message of the InvalidArgument that parsing `args` throws ("" if none).
+static std::string parse_error(const FlagParser& p, const std::vector<std::string>& args) {
+  try {
+    p.parse(args);
+  } catch (const trireme::InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Flags, AMissingValueDoesNotTakeTheNextFlag) {
+  std::string dump, dir;
+  bool quiet = false, resume = false;
+  FlagParser p("trireme train");
+  p.add("dump-params", &dump, "file");
+  p.add("checkpoint-dir", &dir, "dir");
+  p.add_switch("quiet", &quiet, "quiet");
+  p.add_switch("resume", &resume, "resume");
+  EXPECT_NE(parse_error(p, {"--dump-params", "--quiet"})
+                .find("--dump-params needs a value but is followed by --quiet; give the value (for one that "
+                      "starts with --, write --dump-params=VALUE)"),
+            std::string::npos);
+  EXPECT_NE(parse_error(p, {"--checkpoint-dir", "--resume"}).find("--checkpoint-dir needs a value"),
+            std::string::npos);
+  EXPECT_EQ(dump, "");
+  // Written with '=', such a value is taken as it is; a single dash is a value (-1, -x).
+  p.parse({"--dump-params=--quiet", "--checkpoint-dir", "-x"});
+  EXPECT_EQ(dump, "--quiet");
+  EXPECT_EQ(dir, "-x");
+  EXPECT_FALSE(quiet);
+}
+
+TEST(Flags, ARepeatedFlagTakesItsLastValue) {
+  // A script's base flags, then its overrides: the last value wins, for every parse.
+  int dp = 0;
+  bool quiet = false;
+  FlagParser p("trireme train");
+  p.add("dp", &dp, "dp");
+  p.add_switch("quiet", &quiet, "quiet");
+  p.parse({"--dp", "2", "--quiet", "--dp=4"});
+  EXPECT_EQ(dp, 4);
+  EXPECT_TRUE(quiet);
+  p.parse({"--dp", "2", "--nproc-per-node", "2", "--dp", "3"}, /*allow_unknown=*/true);
+  EXPECT_EQ(dp, 3);
+}
+
+TEST(Flags, AnIntOutOfRangeNamesTheRange) {
+  int dp = 0;
+  FlagParser p("trireme train");
+  p.add("dp", &dp, "dp");
+  EXPECT_NE(parse_error(p, {"--dp", "99999999999"})
+                .find("--dp is out of range: 99999999999; give an integer in -2147483648..2147483647"),
+            std::string::npos);
+}
+
 TEST(Flags, HostPort) {
   std::string host;
   int port = -1;

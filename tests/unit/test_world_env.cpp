@@ -60,10 +60,12 @@ TEST(WorldEnv, OpenMpi) {
                                        {"OMPI_COMM_WORLD_SIZE", "2"},
                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                       {"MASTER_ADDR", "10.0.0.5"},
                                        {"MASTER_PORT", "4321"}}));
   EXPECT_EQ(info.source, "openmpi");
   EXPECT_EQ(info.world_size, 2);
-  EXPECT_EQ(info.master_addr, "127.0.0.1");
+  EXPECT_FALSE(info.spans_machines());
+  EXPECT_EQ(info.master_addr, "10.0.0.5");
   EXPECT_EQ(info.master_port, 4321);
 }
 
@@ -77,8 +79,6 @@ TEST(WorldEnv, SingleProcessDefault) {
 
 TEST(WorldEnv, RejectsInconsistentOrMissing) {
   EXPECT_THROW(world_info_from_env(env({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}})),
-               trireme::InvalidArgument);
-  EXPECT_THROW(world_info_from_env(env({{"RANK", "x"}, {"WORLD_SIZE", "4"}})),
                trireme::InvalidArgument);
   // Multi-rank without MASTER_PORT cannot rendezvous.
   EXPECT_THROW(world_info_from_env(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}})),
@@ -107,4 +107,67 @@ TEST(WorldEnv, PortZeroOrWorldSizeZeroAreRefusedWithTheVariable) {
   EXPECT_EQ(env_error({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "0"}}), "");  // alone: no store needed
   EXPECT_NE(env_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}, {"MASTER_PORT", "1"}}).find("WORLD_SIZE"),
             std::string::npos);
+}
+
+TEST(WorldEnv, AMalformedRankIsRefusedNamingRank) {
+  // Every other variable is fine, so the refusal can only be RANK's.
+  for (const char* rank : {"x", "4abc", "-1", "99999999999", " 4", "+1", ""}) {
+    const std::string error =
+        env_error({{"RANK", rank}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+    if (*rank == '\0') {  // empty: unset, RANK is required
+      EXPECT_NE(error.find("RANK is not set"), std::string::npos) << error;
+      continue;
+    }
+    EXPECT_NE(error.find(std::string("RANK='") + rank + "' is not an integer in 0..1073741824"), std::string::npos)
+        << "RANK='" << rank << "': " << error;
+  }
+  EXPECT_EQ(env_error({{"RANK", "4"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}),
+            "");
+}
+
+TEST(WorldEnv, InconsistentRanksNameTheLaunchersVariables) {
+  EXPECT_NE(env_error({{"RANK", "1"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "4"},
+                       {"MASTER_PORT", "29500"}})
+                .find("LOCAL_RANK=5 is not below LOCAL_WORLD_SIZE=4"),
+            std::string::npos);
+  EXPECT_NE(env_error({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                       {"MASTER_PORT", "1"}})
+                .find("OMPI_COMM_WORLD_RANK=2 is not below OMPI_COMM_WORLD_SIZE=2"),
+            std::string::npos);
+}
+
+TEST(WorldEnv, SlurmAndOpenMpiNeedMasterAddrForSeveralRanks) {
+  // 127.0.0.1 would send each machine's ranks to a store on their own machine.
+  EXPECT_NE(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"MASTER_PORT", "1234"}})
+                .find("MASTER_ADDR is not set for a slurm job of 4 ranks; export MASTER_ADDR="),
+            std::string::npos);
+  EXPECT_NE(env_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}})
+                .find("MASTER_ADDR is not set for a openmpi job of 2 ranks"),
+            std::string::npos);
+  // One rank needs no store to meet at.
+  EXPECT_EQ(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), "");
+}
+
+TEST(WorldEnv, SlurmTasksOnThisNodeWithoutNtasksPerNode) {
+  // srun sets SLURM_TASKS_PER_NODE ("2(x3),1": three nodes of 2, then one of 1) even
+  // without --ntasks-per-node; this node's entry is its local world size.
+  const auto slurm = [](const char* node, const char* localid, std::map<std::string, std::string> more) {
+    more.insert({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "7"}, {"SLURM_NODEID", node}, {"SLURM_LOCALID", localid},
+                 {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}});
+    return world_info_from_env(env(more));
+  };
+  EXPECT_EQ(slurm("0", "1", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size, 2);
+  EXPECT_EQ(slurm("2", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size, 2);
+  EXPECT_EQ(slurm("3", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size, 1);
+  EXPECT_EQ(slurm("1", "0", {{"SLURM_TASKS_PER_NODE", "3,4"}}).local_world_size, 4);
+  EXPECT_TRUE(slurm("3", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).spans_machines());
+  // SLURM_NTASKS_PER_NODE, when set, comes first.
+  EXPECT_EQ(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size,
+            3);
+  // Unreadable, or no entry for this node: an even split over SLURM_NNODES (rounded up).
+  EXPECT_EQ(slurm("0", "0", {{"SLURM_TASKS_PER_NODE", "2(x"}, {"SLURM_NNODES", "4"}}).local_world_size, 2);
+  EXPECT_EQ(slurm("5", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_NNODES", "2"}}).local_world_size, 4);
+  EXPECT_TRUE(slurm("0", "0", {{"SLURM_NNODES", "2"}}).spans_machines());
+  // Nothing said: one node.
+  EXPECT_FALSE(slurm("0", "3", {}).spans_machines());
 }

@@ -41,7 +41,8 @@ void FlagParser::add(const std::string& name, int* target, std::string help) {
                     [name, target](const std::string& v) {
                       const int64_t value = parse_integer(name, v);
                       TRIREME_CHECK(value >= INT32_MIN && value <= INT32_MAX, "--", name,
-                                    " is out of range: ", v);
+                                    " is out of range: ", v, "; give an integer in ", INT32_MIN, "..",
+                                    INT32_MAX);
                       *target = static_cast<int>(value);
                     },
                     std::to_string(*target)});
@@ -113,6 +114,9 @@ std::vector<std::string> FlagParser::parse(const std::vector<std::string>& args,
     }
     if (!has_value) {
       TRIREME_CHECK(i + 1 < args.size(), "--", name, " needs a value");
+      // A missing value must not take the next flag as its own (--dump-params --quiet).
+      TRIREME_CHECK(args[i + 1].rfind("--", 0) != 0, "--", name, " needs a value but is followed by ", args[i + 1],
+                    "; give the value (for one that starts with --, write --", name, "=VALUE)");
       value = args[++i];
     }
     flag->set(value);

@@ -5,6 +5,9 @@
 // are InvalidArgument with one line naming the flag and the fix:
 //   unknown flag --stepz for 'trireme train'; run 'trireme train --help' for the flags
 //   --steps expects an integer, got 'ten'
+// A flag given twice takes its last value (a script's base flags, then overrides). A separate
+// VALUE may not start with `--` (that is the next flag, and the value was forgotten);
+// `--name=--x` gives such a value.
 // `--` ends flag parsing; what follows is returned as positional arguments.
 #pragma once
 
@@ -28,7 +31,8 @@ class FlagParser {
 
   // Parses args (not including the program or subcommand name). Returns the positional
   // arguments in order (everything after `--` is positional). Throws InvalidArgument.
-  // With allow_unknown, unknown flags are returned as positionals instead of refused.
+  // With allow_unknown (a worker re-reading its command's arguments, which the command
+  // checked in full), unknown flags are returned as positionals instead of refused.
   std::vector<std::string> parse(const std::vector<std::string>& args,
                                  bool allow_unknown = false) const;
 

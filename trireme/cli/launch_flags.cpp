@@ -6,6 +6,10 @@
 namespace trireme::cli {
 namespace {
 
+// Workers on one machine: more is a typo, and with --nnodes (below 10^6) it keeps the
+// world size within what a worker reads from WORLD_SIZE (2^30).
+constexpr int kMaxProcPerNode = 1024;
+
 // "N" or "MIN:MAX".
 void parse_nnodes(const std::string& text, launch::LaunchOptions* options) {
   const auto colon = text.find(':');
@@ -74,6 +78,9 @@ launch::LaunchOptions finish_launch_flags(const LaunchFlags& flags,
     parse_host_port("rdzv", flags.rdzv, &options.rdzv_host, &options.rdzv_port);
   options.command = std::move(command);
   TRIREME_CHECK(flags.standby >= -1 && flags.standby <= 1, "--standby takes 0 or 1, got ", flags.standby);
+  TRIREME_CHECK(options.nproc_per_node >= 1 && options.nproc_per_node <= kMaxProcPerNode,
+                "--nproc-per-node must be in 1..", kMaxProcPerNode, " (workers on this machine), got ",
+                options.nproc_per_node);
   if (flags.standby >= 0) options.standby = flags.standby == 1;
   launch::validate_launch_options(options);
   return options;

@@ -63,15 +63,19 @@ int train_main(const std::vector<std::string>& args) {
     return 0;
   }
   TRIREME_CHECK(!positional.empty(), "name the model to train: trireme train gpt ...");
-  TRIREME_CHECK(positional[0] == "gpt" && positional.size() == 1, "unknown model '",
-                positional[0], "' (or extra argument); the available model is: gpt");
+  TRIREME_CHECK(positional[0] == "gpt", "unknown model '", positional[0], "'; the available model is: gpt");
+  TRIREME_CHECK(positional.size() == 1, "unexpected argument '", positional[1], "' after 'trireme train gpt'; ",
+                positional[1].rfind('-', 0) == 0 ? "flags start with two dashes, e.g. --nproc-per-node 2; "
+                                                 : "flags take the form --name VALUE; ",
+                "run 'trireme train --help' for the flags");
 
   std::vector<std::string> command = {self_executable(), "__train-worker"};
   command.insert(command.end(), args.begin(), args.end());
   if (launch_flags.standby < 0) launch_flags.standby = 1;  // its worker awaits activation in main()
   const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
 
-  const int world_size = launch_options.nproc_per_node * launch_options.nnodes;
+  // (finish_launch_flags bounds both, so the product, taken in 64 bits, fits an int.)
+  const int world_size = static_cast<int>(int64_t{launch_options.nproc_per_node} * launch_options.nnodes);
   if (launch::elastic(launch_options)) {
     // Every size the job may shrink to must run: tp and pp stay, dp follows the nodes.
     TRIREME_CHECK(opt.plan.empty(), "--plan fixes the layout for one size; an elastic job (--nnodes MIN:MAX) "

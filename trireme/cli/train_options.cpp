@@ -104,7 +104,7 @@ void validate_pipeline_options(TrainOptions* o) {
 }  // namespace
 
 bool drop_replica_batches_for(TrainOptions* o, int world_size) {
-  const int dp = world_size / std::max(1, o->tp * o->pp);
+  const int64_t dp = world_size / std::max<int64_t>(1, int64_t{o->tp} * o->pp);
   if (o->replica_batches.empty() ||
       std::count(o->replica_batches.begin(), o->replica_batches.end(), ',') + 1 == dp)
     return false;
@@ -119,16 +119,20 @@ void validate_replica_batches(TrainOptions* o, const char* batch_flag) {
                   " data-parallel ranks; choose a multiple of ", o->dp, " (or give --replica-batches)");
     return;
   }
-  std::string rest = o->replica_batches;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string item = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  // Every item between commas counts, so "6,2," is refused rather than read as 2 replicas
+  // (drop_replica_batches_for counts its commas: 3).
+  for (size_t begin = 0;;) {
+    const size_t comma = o->replica_batches.find(',', begin);
+    const std::string item = o->replica_batches.substr(begin, comma - begin);
+    TRIREME_CHECK(!item.empty(), "--replica-batches ", o->replica_batches,
+                  " has an empty item (a stray comma); give one count per replica, e.g. 12,4");
     char* end = nullptr;
     const long long value = std::strtoll(item.c_str(), &end, 10);
-    TRIREME_CHECK(!item.empty() && *end == '\0' && value >= 1, "--replica-batches ", o->replica_batches,
+    TRIREME_CHECK(*end == '\0' && value >= 1, "--replica-batches ", o->replica_batches,
                   ": '", item, "' is not a positive number of sequences; write e.g. 12,4");
     o->replica_batch_sizes.push_back(value);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
   TRIREME_CHECK(static_cast<int>(o->replica_batch_sizes.size()) == o->dp, "--replica-batches ",
                 o->replica_batches, " gives ", o->replica_batch_sizes.size(), " replicas but --dp is ", o->dp,
@@ -228,6 +232,11 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->micro_batches >= 1 && o->micro_batches <= (1 << 20),
                 "--micro-batches must be in [1, 1048576], got ", o->micro_batches);
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
+  // Products in 64 bits: --tp 4 --pp 1073741824 is 0 in an int (and dividing by it, SIGFPE).
+  const int64_t tp_pp = int64_t{o->tp} * o->pp;
+  TRIREME_CHECK(tp_pp <= world_size, "--tp ", o->tp, " x --pp ", o->pp, " = ", tp_pp,
+                " ranks per data-parallel replica, more than the job's ", world_size,
+                " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
   // The executor posts receives ahead of the sends of the steps before them (they match by
   // tag on Gloo); NCCL's point-to-point has no tags and runs a pair's operations in order
   // on one stream, so an early receive would wait for a send queued behind it.
@@ -236,12 +245,14 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 "NCCL); run pipelines with --device cpu, or use --tp and --dp on GPUs");
   TRIREME_CHECK(o->model.heads % o->tp == 0, "--heads ", o->model.heads, " is not divisible by --tp ",
                 o->tp, "; choose --tp dividing the number of heads");
-  TRIREME_CHECK(o->model.vocab % o->tp == 0, "--vocab ", o->model.vocab, " is not divisible by --tp ",
-                o->tp, "; choose --tp dividing the vocabulary size");
-  if (o->dp == 0) o->dp = world_size / (o->tp * o->pp);
-  TRIREME_CHECK(o->dp >= 1 && o->dp * o->tp * o->pp == world_size, "--dp ", o->dp, " x --tp ",
-                o->tp, " x --pp ", o->pp, " = ", o->dp * o->tp * o->pp, " but the job has ",
-                world_size, " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
+  // (trireme train has no --vocab: the vocabulary is the byte-level 256, or the plan's.)
+  TRIREME_CHECK(o->model.vocab % o->tp == 0, "the vocabulary of ", o->model.vocab, " tokens (",
+                o->plan.empty() ? "byte-level" : "from --plan " + o->plan, ") is not divisible by --tp ", o->tp,
+                "; choose --tp dividing ", o->model.vocab);
+  if (o->dp == 0) o->dp = static_cast<int>(world_size / tp_pp);
+  TRIREME_CHECK(o->dp >= 1 && o->dp * tp_pp == world_size, "--dp ", o->dp, " x --tp ", o->tp, " x --pp ", o->pp,
+                " = ", o->dp * tp_pp, " but the job has ", world_size,
+                " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
   plan::check_slowdown(o->emulate_slowdown, world_size);
   validate_replica_batches(o);
   if (o->replica_batch_sizes.empty()) {

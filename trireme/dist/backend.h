@@ -41,6 +41,12 @@ struct GroupOptions {
   // by (a subgroup's, before any all-reduce) uses it, not c10d's guess of rank % GPUs,
   // which in a subgroup names another process's GPU. -1 leaves both to c10d.
   int cuda_device = -1;
+  // Gloo only: where the job's rendezvous store is and whether the job spans machines, as
+  // the launcher's environment said (WorldInfo; World sets both). Gloo binds this host's
+  // address on the route to master_addr. Empty master_addr: MASTER_ADDR from the process
+  // environment, else 127.0.0.1.
+  std::string master_addr;
+  bool spans_machines = false;
 };
 
 // Creates a group of `size` ranks in which this process is `rank`; all members call it
@@ -50,12 +56,12 @@ Group create_group(const Store& store, int rank, int size, const GroupOptions& o
 // Per-backend factories (dist/<backend>/backend.cpp).
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options);
 // The address a Gloo group binds unless TRIREME_GLOO_IFACE names an interface: loopback
-// when MASTER_ADDR is (one machine); else this host's address on the route to MASTER_ADDR
-// (not the host name, which Debian maps to 127.0.1.1); and when that route is loopback
-// while the job spans machines (WORLD_SIZE > LOCAL_WORLD_SIZE: MASTER_ADDR names this very
-// host), the first IPv4 address of an interface that is up. "" when none is found (Gloo's
-// default then). Throws InvalidArgument when a job across machines has no such address.
-std::string gloo_bind_address();
+// when `master_addr` is (one machine); else this host's address on the route to it (not
+// the host name, which Debian maps to 127.0.1.1); and when that route is loopback while
+// the job spans machines (`master_addr` names this very host), the first IPv4 address of
+// an interface that is up. "" when none is found (Gloo's default then). Throws
+// InvalidArgument when a job across machines has no such address.
+std::string gloo_bind_address(const std::string& master_addr, bool spans_machines);
 Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
 
 // The message of an exception fit for one line: c10 errors without their C++ backtrace.

@@ -6,7 +6,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <mutex>
 #include <sstream>
 
@@ -27,10 +26,13 @@ namespace {
 // a round trip (check() on the same connection, which the server answers after applying
 // the set), and an operation that fails on a broken connection reconnects and is retried.
 // Only idempotent operations are retried; add/compareSet/append report the failure.
+// Each retry is told to `on_retry` (when set), in one line.
 class ReconnectingStore final : public c10d::Store {
  public:
-  ReconnectingStore(std::string host, const c10d::TCPStoreOptions& options)
-      : Store(options.timeout), host_(std::move(host)), options_(options),
+  using RetryNote = std::function<void(const std::string&)>;
+
+  ReconnectingStore(std::string host, const c10d::TCPStoreOptions& options, RetryNote on_retry)
+      : Store(options.timeout), host_(std::move(host)), options_(options), on_retry_(std::move(on_retry)),
         store_(c10::make_intrusive<c10d::TCPStore>(host_, options_)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
@@ -87,7 +89,7 @@ class ReconnectingStore final : public c10d::Store {
       client = options_;
     }
     client.isServer = false;
-    return c10::make_intrusive<ReconnectingStore>(host_, client);
+    return c10::make_intrusive<ReconnectingStore>(host_, client, on_retry_);
   }
   void setTimeout(const std::chrono::milliseconds& timeout) override {
     Store::setTimeout(timeout);
@@ -124,11 +126,9 @@ class ReconnectingStore final : public c10d::Store {
       } catch (const c10::DistNetworkError& e) {
         const std::string text = e.what_without_backtrace();
         if (attempt >= kAttempts || is_timeout(text)) throw;
-        std::fprintf(stderr,
-                     "trireme: the connection to the rendezvous store at %s:%u broke during %s "
-                     "(%s); reconnecting and retrying\n",
-                     host_.c_str(), static_cast<unsigned>(options_.port), what, text.c_str());
-        std::fflush(stderr);
+        if (on_retry_)
+          on_retry_(detail::concat("the connection to the rendezvous store at ", host_, ":", options_.port,
+                                   " broke during ", what, " (", text, "); reconnecting and retrying"));
         reconnect(s);
       }
     }
@@ -143,6 +143,7 @@ class ReconnectingStore final : public c10d::Store {
 
   const std::string host_;
   c10d::TCPStoreOptions options_;  // a client's: never isServer
+  const RetryNote on_retry_;
   std::mutex mutex_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
 };
@@ -160,7 +161,7 @@ Store connect_store(const WorldInfo& info, const WorldOptions& options) {
     // server. Its own connection is to itself, over loopback.
     if (store_options.isServer)
       return c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
-    return c10::make_intrusive<ReconnectingStore>(info.master_addr, store_options);
+    return c10::make_intrusive<ReconnectingStore>(info.master_addr, store_options, options.on_store_retry);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "cannot reach the rendezvous store at ", info.master_addr, ":",
                   info.master_port, " (", error_text(e), ")");
@@ -173,13 +174,24 @@ std::string join(const std::vector<int>& ranks) {
   return out.str();
 }
 
+// Runs one store operation on `key`; c10d's errors (DistNetworkError, DistStoreError, a
+// time-out) become a CommError naming the operation and the key.
+template <typename Fn>
+auto on_store(const char* what, const std::string& key, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    TRIREME_THROW(CommError, "the rendezvous store failed to ", what, " '", key, "': ", error_text(e));
+  }
+}
+
 // The store holds bytes; World's keys hold text.
 void put_text(const Store& store, const std::string& key, const std::string& text) {
-  store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+  on_store("set", key, [&] { store->set(key, std::vector<uint8_t>(text.begin(), text.end())); });
 }
 
 std::string text_at(const Store& store, const std::string& key) {
-  const std::vector<uint8_t> bytes = store->get(key);
+  const std::vector<uint8_t> bytes = on_store("get", key, [&] { return store->get(key); });
   return std::string(bytes.begin(), bytes.end());
 }
 
@@ -205,7 +217,10 @@ World World::from_env(const WorldOptions& options) {
   return connect(world_info_from_env(), options);
 }
 
-World World::connect(const WorldInfo& info, const WorldOptions& options) {
+World World::connect(const WorldInfo& info, const WorldOptions& given) {
+  WorldOptions options = given;
+  options.group.master_addr = info.master_addr;
+  options.group.spans_machines = info.spans_machines();
   Store base = connect_store(info, options);
   Store store = c10::make_intrusive<c10d::PrefixStore>(
       "trireme/gen" + std::to_string(info.restart_count), base);
@@ -222,13 +237,23 @@ const Group& World::group() {
 }
 
 Group World::new_group(const std::vector<int>& ranks, const std::string& tag) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    TRIREME_CHECK(ranks[i] >= 0 && ranks[i] < size(), "group '", tag, "' [", join(ranks), "]: rank ", ranks[i],
+                  " is not in this world of ", size(), " ranks; give ranks in 0..", size() - 1);
+    TRIREME_CHECK(std::find(ranks.begin(), ranks.begin() + i, ranks[i]) == ranks.begin() + i, "group '", tag,
+                  "' [", join(ranks), "] names rank ", ranks[i], " twice; give each member once");
+  }
   const auto me = std::find(ranks.begin(), ranks.end(), rank());
-  TRIREME_CHECK(me != ranks.end(), "rank ", rank(), " is not a member of group [",
-                join(ranks), "]");
-  // The counter keeps two groups of the same tag and members apart; every member creates
-  // its groups in the same order, so the counters agree.
+  TRIREME_CHECK(me != ranks.end(), "rank ", rank(), " is not a member of group '", tag, "' [", join(ranks),
+                "]; create a group only on its members");
+  // Members and tag name the group; the count keeps two groups of the same members and tag
+  // apart. It counts only such groups, which every member creates in the same order, so
+  // the members agree on it whichever other groups each of them created. (Members and count
+  // hold no '/', so the tag, last, cannot make two keys alike.)
+  const std::string members = join(ranks);
+  const int64_t index = groups_created_[members + "/" + tag]++;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      "group/" + std::to_string(groups_created_++) + "/" + tag + "/" + join(ranks), store_);
+      "group/" + members + "/" + std::to_string(index) + "/" + tag, store_);
   return create_group(prefixed, static_cast<int>(me - ranks.begin()),
                       static_cast<int>(ranks.size()), options_.group);
 }
@@ -275,7 +300,7 @@ void World::reporting_recovery() {
 
 std::optional<std::string> World::job_value(const std::string& key) const {
   const std::string stored = launch::keys::job_value(key);
-  if (!base_store_->check({stored})) return std::nullopt;
+  if (!on_store("check", stored, [&] { return base_store_->check({stored}); })) return std::nullopt;
   return text_at(base_store_, stored);
 }
 

@@ -10,6 +10,7 @@
 // restarted job never sees the previous generation's rendezvous keys.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,9 +23,14 @@
 namespace trireme::dist {
 
 struct WorldOptions {
+  // connect() fills in group.master_addr and group.spans_machines from the WorldInfo.
   GroupOptions group;
   // How long to wait for the store and for all ranks to arrive.
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(2)};
+  // Told, in one line, each time the connection to the rendezvous store broke and the
+  // operation is retried on a new one (a command prints it on stderr); unset: retried
+  // silently. Called on the thread of the store operation.
+  std::function<void(const std::string&)> on_store_retry;
 };
 
 // The groups of one rank in a mesh: for each axis, the group along that axis holding this
@@ -53,9 +59,11 @@ class World {
 
   // The group of all ranks (created on first use).
   const Group& group();
-  // A group of `ranks` (this rank must be one of them). Every rank must create its groups
-  // in the same order (each group is told apart by its creation index, tag and members);
-  // the tag names the group in the store for debugging.
+  // A group of `ranks` (distinct ranks of this world, this rank one of them; throws
+  // InvalidArgument otherwise). A group is told apart in the store by its members, its tag
+  // and how many groups of the same members and tag this rank created before it: the
+  // members must create their common groups in the same order, whatever other groups each
+  // of them joins in between.
   Group new_group(const std::vector<int>& ranks, const std::string& tag);
   // One group per axis of `mesh` (which must cover the world).
   MeshGroups mesh_groups(const Mesh& mesh);
@@ -102,7 +110,7 @@ class World {
   Store base_store_;  // the launcher's keys
   Store store_;  // prefixed by the generation
   Group world_group_;
-  int64_t groups_created_ = 0;
+  std::map<std::string, int64_t> groups_created_;  // by "members/tag"
 };
 
 }  // namespace trireme::dist

@@ -1,6 +1,7 @@
 // Reading the launcher's environment; see dist/world_env.h for the variables.
 #include "trireme/dist/world_env.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -17,12 +18,37 @@ int read_int(const EnvLookup& lookup, const char* name, int fallback, bool requi
                   " is not set; start workers with 'trireme run' or torchrun");
     return fallback;
   }
+  // Digits only: strtol alone would take " 4", "+4" and "4abc" (its prefix).
+  const bool digits = std::strspn(text, "0123456789") == std::strlen(text);
   errno = 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  TRIREME_CHECK(*end == '\0' && errno == 0 && value >= 0 && value <= 1 << 30,
-                "environment variable ", name, "='", text, "' is not a non-negative integer");
+  const long value = digits ? std::strtol(text, nullptr, 10) : -1;
+  TRIREME_CHECK(digits && errno == 0 && value <= 1 << 30, "environment variable ", name, "='", text,
+                "' is not an integer in 0..", 1 << 30, "; fix what the launcher exports");
   return static_cast<int>(value);
+}
+
+// Tasks on node `node` from Slurm's SLURM_TASKS_PER_NODE, a list of counts in node order
+// where "N(xK)" stands for K nodes of N tasks each: "2(x3),1" is 2,2,2,1. 0 when the text
+// does not parse or has no such node.
+int slurm_tasks_on_node(const std::string& text, int node) {
+  size_t at = 0;
+  while (at < text.size()) {
+    char* end = nullptr;
+    const long tasks = std::strtol(text.c_str() + at, &end, 10);
+    if (end == text.c_str() + at || tasks < 1 || tasks > 1 << 30) return 0;
+    at = end - text.c_str();
+    long repeat = 1;
+    if (text.compare(at, 2, "(x") == 0) {
+      repeat = std::strtol(text.c_str() + at + 2, &end, 10);
+      if (end == text.c_str() + at + 2 || *end != ')' || repeat < 1) return 0;
+      at = end - text.c_str() + 1;
+    }
+    if (node < repeat) return static_cast<int>(tasks);
+    node -= static_cast<int>(repeat);
+    if (at == text.size() || text[at] != ',') return 0;
+    ++at;
+  }
+  return 0;
 }
 
 std::string read_string(const EnvLookup& lookup, const char* name, const std::string& fallback) {
@@ -30,9 +56,15 @@ std::string read_string(const EnvLookup& lookup, const char* name, const std::st
   return text && *text ? std::string(text) : fallback;
 }
 
-void read_master(const EnvLookup& lookup, WorldInfo* info, bool required) {
+// `addr_required`: Slurm and Open MPI do not export MASTER_ADDR, and 127.0.0.1 would send
+// every machine's ranks to a store on their own machine; torchrun and trireme run always
+// export it.
+void read_master(const EnvLookup& lookup, WorldInfo* info, bool addr_required) {
+  TRIREME_CHECK(!addr_required || info->world_size <= 1 || read_string(lookup, "MASTER_ADDR", "") != "",
+                "MASTER_ADDR is not set for a ", info->source, " job of ", info->world_size,
+                " ranks; export MASTER_ADDR=<host of rank 0> (and MASTER_PORT) to every rank");
   info->master_addr = read_string(lookup, "MASTER_ADDR", "127.0.0.1");
-  info->master_port = read_int(lookup, "MASTER_PORT", 0, required && info->world_size > 1);
+  info->master_port = read_int(lookup, "MASTER_PORT", 0, info->world_size > 1);
   TRIREME_CHECK(info->master_port <= 65535, "MASTER_PORT=", info->master_port,
                 " is not a valid port");
   // Rank 0 would host the store on a port of its own choosing, which no other rank knows.
@@ -40,13 +72,29 @@ void read_master(const EnvLookup& lookup, WorldInfo* info, bool required) {
                 " ranks: the other ranks cannot find the store; export the port rank 0 listens on (1-65535)");
 }
 
+// The variables each launcher gives its place in, for messages.
+struct SourceVariables {
+  const char *rank, *world_size, *local_rank, *local_world_size;
+};
+
+SourceVariables variables_of(const std::string& source) {
+  if (source == "slurm")
+    return {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE/SLURM_TASKS_PER_NODE"};
+  if (source == "openmpi")
+    return {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE"};
+  return {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+}
+
 void check_consistent(const WorldInfo& info) {
-  TRIREME_CHECK(info.world_size >= 1, "world size must be at least 1, got ", info.world_size, " (", info.source,
-                " environment: WORLD_SIZE, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE)");
-  TRIREME_CHECK(info.rank < info.world_size, "rank ", info.rank, " is not below world size ",
-                info.world_size, " (", info.source, " environment)");
-  TRIREME_CHECK(info.local_rank < info.local_world_size, "local rank ", info.local_rank,
-                " is not below local world size ", info.local_world_size);
+  const SourceVariables vars = variables_of(info.source);
+  TRIREME_CHECK(info.world_size >= 1, vars.world_size, "=", info.world_size, ": the world size must be at least 1 (",
+                info.source, " environment); fix what the launcher exports");
+  TRIREME_CHECK(info.rank < info.world_size, vars.rank, "=", info.rank, " is not below ", vars.world_size, "=",
+                info.world_size, " (", info.source, " environment); fix what the launcher exports");
+  TRIREME_CHECK(info.local_rank < info.local_world_size, vars.local_rank, "=", info.local_rank, " is not below ",
+                vars.local_world_size, "=", info.local_world_size, " (", info.source,
+                " environment); fix what the launcher exports");
 }
 
 }  // namespace
@@ -68,18 +116,28 @@ WorldInfo world_info_from_env(const EnvLookup& lookup) {
     info.restart_count = read_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0, false);
     const std::string agent = read_string(lookup, "TORCHELASTIC_USE_AGENT_STORE", "");
     info.agent_hosts_store = agent == "True" || agent == "true" || agent == "1";
-    read_master(lookup, &info, true);
+    read_master(lookup, &info, false);
   } else if (lookup("SLURM_PROCID") && lookup("SLURM_NTASKS")) {
     info.source = "slurm";
     info.rank = read_int(lookup, "SLURM_PROCID", 0, true);
     info.world_size = read_int(lookup, "SLURM_NTASKS", 1, true);
     info.local_rank = read_int(lookup, "SLURM_LOCALID", 0, false);
-    // SLURM_NTASKS_PER_NODE may read "4" or "4(x2)"; strtol's prefix is what we want, so
-    // take the leading digits only.
+    info.node_rank = read_int(lookup, "SLURM_NODEID", 0, false);
+    // Tasks on this node: SLURM_NTASKS_PER_NODE ("4", only under --ntasks-per-node), else
+    // this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1", always set by srun), else an
+    // even split over SLURM_NNODES.
     std::string per_node = read_string(lookup, "SLURM_NTASKS_PER_NODE", "");
     per_node = per_node.substr(0, per_node.find_first_not_of("0123456789"));
-    info.local_world_size = per_node.empty() ? info.world_size : std::atoi(per_node.c_str());
-    info.node_rank = read_int(lookup, "SLURM_NODEID", 0, false);
+    if (!per_node.empty() && per_node.size() < 10) {
+      info.local_world_size = std::atoi(per_node.c_str());
+    } else if (const int tasks = slurm_tasks_on_node(read_string(lookup, "SLURM_TASKS_PER_NODE", ""),
+                                                     info.node_rank);
+               tasks > 0) {
+      info.local_world_size = tasks;
+    } else {
+      const int nodes = std::max(1, read_int(lookup, "SLURM_NNODES", 1, false));
+      info.local_world_size = std::max((info.world_size + nodes - 1) / nodes, info.local_rank + 1);
+    }
     read_master(lookup, &info, true);
   } else if (lookup("OMPI_COMM_WORLD_RANK") && lookup("OMPI_COMM_WORLD_SIZE")) {
     info.source = "openmpi";

@@ -4,9 +4,11 @@
 //   torchrun / trireme run   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 //                            MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
 //                            TORCHELASTIC_USE_AGENT_STORE (the agent hosts the store)
-//   Slurm (srun)             SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-//                            SLURM_NTASKS_PER_NODE, SLURM_NODEID; MASTER_ADDR/MASTER_PORT
-//                            must be exported by the batch script
+//   Slurm (srun)             SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, and
+//                            the tasks on this node from SLURM_NTASKS_PER_NODE, else
+//                            SLURM_TASKS_PER_NODE ("2(x3),1"), else SLURM_NNODES;
+//                            MASTER_ADDR/MASTER_PORT must be exported by the batch script
+//                            (required with more than one rank)
 //   Open MPI (mpirun)        OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                            OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE,
 //                            OMPI_COMM_WORLD_NODE_RANK; MASTER_ADDR/MASTER_PORT as above
@@ -31,6 +33,9 @@ struct WorldInfo {
   bool agent_hosts_store = false;  // true: connect as a client; false: rank 0 hosts it
   int restart_count = 0;
   std::string source = "single";  // "torchrun", "slurm", "openmpi" or "single"
+
+  // Whether the job has ranks on other machines than this one.
+  bool spans_machines() const { return world_size > local_world_size; }
 };
 
 using EnvLookup = std::function<const char*(const char*)>;

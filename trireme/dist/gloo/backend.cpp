@@ -59,31 +59,40 @@ std::string first_external_address() {
   return address;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? std::atoi(value) : fallback;
-}
-
-std::shared_ptr<::gloo::transport::Device> make_device() {
-  const char* iface = std::getenv("TRIREME_GLOO_IFACE");
-  if (iface && *iface) return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
-  const std::string address = gloo_bind_address();
-  if (!address.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(address);
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+std::shared_ptr<::gloo::transport::Device> make_device(const GroupOptions& options) {
+  if (const char* iface = std::getenv("TRIREME_GLOO_IFACE"); iface && *iface) {
+    try {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
+    } catch (const std::exception& e) {
+      TRIREME_THROW(InvalidArgument, "TRIREME_GLOO_IFACE=", iface, " cannot be used (", error_text(e),
+                    "); set it to a network interface of this machine that is up (see 'ip -brief addr'), or "
+                    "unset it");
+    }
+  }
+  std::string master = options.master_addr;
+  if (master.empty()) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    master = addr && *addr ? addr : "127.0.0.1";
+  }
+  const std::string address = gloo_bind_address(master, options.spans_machines);
+  try {
+    if (!address.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(address);
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  } catch (const std::exception& e) {
+    TRIREME_THROW(CommError, "cannot open a Gloo device on ", address.empty() ? "the default interface" : address,
+                  " (", error_text(e), "); set TRIREME_GLOO_IFACE to the network interface to use");
+  }
 }
 
 }  // namespace
 
-std::string gloo_bind_address() {
-  const char* addr = std::getenv("MASTER_ADDR");
-  const std::string master = addr ? addr : "127.0.0.1";
+std::string gloo_bind_address(const std::string& master, bool spans_machines) {
   if (master == "127.0.0.1" || master == "localhost") return "127.0.0.1";
   std::string local = local_address_toward(master);
   // The rendezvous host's name can resolve to loopback on that host itself (Debian maps
   // the host's own name to 127.0.1.1): right for a job on one machine, unreachable from
   // the others when the job spans machines.
-  const int world = env_int("WORLD_SIZE", 1), local_world = env_int("LOCAL_WORLD_SIZE", world);
-  if (local.rfind("127.", 0) == 0 && world > local_world) {
+  if (local.rfind("127.", 0) == 0 && spans_machines) {
     local = first_external_address();
     TRIREME_CHECK(!local.empty(), "MASTER_ADDR ", master,
                   " leads to loopback on this machine and it has no other IPv4 interface up, but the job spans "
@@ -95,7 +104,7 @@ std::string gloo_bind_address() {
 Group create_gloo_group(const Store& store, int rank, int size, const GroupOptions& options) {
   auto gloo_options = c10d::ProcessGroupGloo::Options::create();
   gloo_options->timeout = options.timeout;
-  gloo_options->devices.push_back(make_device());
+  gloo_options->devices.push_back(make_device(options));
   // Two worker threads, as PyTorch's default: lets one bucket's all-reduce proceed while the
   // next is queued, without oversubscribing one core per rank.
   gloo_options->threads = 2;
