@@ -1,9 +1,15 @@
-// Byte tokenizer round trips, and Corpus loading errors (with temporary files).
+// Byte tokenizer round trips, and Corpus loading errors (with temporary files; loads that
+// could hang or exhaust memory run in a child process).
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -44,6 +50,64 @@ std::string error_of(const std::string& path) {
     return e.what();
   }
   return "";
+}
+
+// Limits of error_in_child's child: a load that works takes milliseconds and a few KB.
+constexpr unsigned kChildSeconds = 10;
+constexpr rlim_t kChildBytes = rlim_t{1} << 30;
+// The unprivileged user ("nobody") a root test process drops to.
+constexpr uid_t kNobody = 65534;
+
+// error_of(path) in a child process with kChildSeconds of time and kChildBytes of address
+// space, so that a load that blocks (opening a pipe) or reads without end (a device) fails
+// the test instead of hanging it or exhausting the machine's memory (running out of its
+// address space is an "unexpected error: std::bad_alloc"). With as_nobody, the
+// child first becomes kNobody (permission checks mean nothing to root). Returns
+// "setuid failed" when it cannot.
+std::string error_in_child(const std::string& path, bool as_nobody = false) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe() failed";
+  const pid_t pid = ::fork();
+  if (pid < 0) return "fork() failed";
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::alarm(kChildSeconds);
+    const rlimit limit{kChildBytes, kChildBytes};
+    ::setrlimit(RLIMIT_AS, &limit);
+    const bool dropped =
+        !as_nobody || (::setgroups(0, nullptr) == 0 && ::setgid(kNobody) == 0 && ::setuid(kNobody) == 0);
+    std::string err = "setuid failed";
+    try {  // nothing may escape into gtest, which would go on running tests in this child
+      if (dropped) err = error_of(path);
+    } catch (const std::exception& e) {
+      err = std::string("unexpected error: ") + e.what();
+    }
+    size_t done = 0;
+    while (done < err.size()) {
+      const ssize_t n = ::write(fds[1], err.data() + done, err.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string err;
+  char buffer[512];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    err.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status))
+    return "child killed by signal " + std::to_string(WTERMSIG(status)) +
+           " (the load blocked or ran too long)";
+  return err;
 }
 
 }  // namespace
@@ -88,10 +152,31 @@ TEST(CorpusTest, DirectoryIsRejected) {
 }
 
 TEST(CorpusTest, UnreadableFileIsRejected) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root reads any file";
   TempFile f("text");
   ::chmod(f.path().c_str(), 0);
-  EXPECT_NE(error_of(f.path()).find("cannot read (Permission denied)"), std::string::npos);
+  ::chmod(f.dir().c_str(), 0755);  // the file itself, not its directory, is unreadable
+  // Root reads any file: as root, the load runs as an unprivileged user.
+  const std::string err = error_in_child(f.path(), /*as_nobody=*/::geteuid() == 0);
+  if (err == "setuid failed") GTEST_SKIP() << "running as root and cannot become user nobody";
+  EXPECT_NE(err.find("cannot read (Permission denied)"), std::string::npos) << err;
+}
+
+// /dev/zero reports size 0 and never ends; it used to be read until memory ran out.
+TEST(CorpusTest, DeviceIsRejected) {
+  EXPECT_EQ(error_in_child("/dev/zero"),
+            "--data /dev/zero: is not a regular file (a device, pipe or socket); save the text to "
+            "a file and give its path");
+}
+
+// Opening a named pipe waits for a writer; it used to block forever.
+TEST(CorpusTest, NamedPipeIsRejected) {
+  TempFile f("x");
+  const std::string fifo = f.dir() + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_EQ(error_in_child(fifo), "--data " + fifo +
+                                      ": is not a regular file (a device, pipe or socket); save "
+                                      "the text to a file and give its path");
+  ::unlink(fifo.c_str());
 }
 
 TEST(CorpusTest, EmptyFileIsRejected) {

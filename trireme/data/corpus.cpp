@@ -77,6 +77,11 @@ Corpus Corpus::load(const std::string& path) {
   }
   TRIREME_CHECK(!S_ISDIR(st.st_mode), "--data ", path,
                 ": is a directory; give a readable UTF-8 text file");
+  // A device such as /dev/zero reports size 0 and never ends; opening a pipe waits for a
+  // writer. Only a regular file has a size to read and an end.
+  TRIREME_CHECK(S_ISREG(st.st_mode), "--data ", path,
+                ": is not a regular file (a device, pipe or socket); save the text to a file "
+                "and give its path");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     TRIREME_THROW(InvalidArgument, "--data ", path, ": cannot read (", std::strerror(errno),

@@ -1,7 +1,7 @@
 // A training corpus: the raw bytes of one UTF-8 text file, held in memory.
 //
-// Loading checks what a user can get wrong (missing or unreadable file, empty file, bytes
-// that are not UTF-8) and throws InvalidArgument with one line naming the file and the
+// Loading checks what a user can get wrong (missing or unreadable file, a directory,
+// device or pipe instead of a regular file, empty file, bytes that are not UTF-8) and throws InvalidArgument with one line naming the file and the
 // fix. Whether the text is long enough depends on the model's sequence length, so that is
 // a separate check (require_length). Pure C++: no libtorch.
 #pragma once

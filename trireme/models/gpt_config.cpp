@@ -4,6 +4,23 @@
 #include "trireme/common/error.h"
 
 namespace trireme::models {
+namespace {
+
+// The most parameters a config may have: a thousand times today's largest models, and
+// small enough that counts of bytes (weights, gradients, AdamW state) stay far inside
+// int64. A mistyped size beyond it would overflow num_parameters() and the planner's sums.
+constexpr long double kMaxParameters = 1e15L;
+
+// num_parameters()'s formula in any arithmetic type (long double: no overflow to check).
+template <typename Number>
+Number count_parameters(const GptConfig& c) {
+  const Number C = c.dim, V = c.vocab, T = c.seq_len, R = c.mlp_ratio, L = c.layers;
+  const Number block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (R * C * C + R * C) +
+                       (R * C * C + C);
+  return V * C + T * C + L * block + 2 * C + C * V;
+}
+
+}  // namespace
 
 void GptConfig::validate() const {
   TRIREME_CHECK(vocab >= 1, "--vocab must be positive, got ", vocab);
@@ -16,6 +33,10 @@ void GptConfig::validate() const {
   TRIREME_CHECK(mlp_ratio >= 1, "--mlp-ratio must be positive, got ", mlp_ratio);
   TRIREME_CHECK(dropout >= 0.0 && dropout < 1.0, "--dropout ", dropout,
                 " is outside [0, 1); choose a probability such as 0.1");
+  const long double count = count_parameters<long double>(*this);
+  TRIREME_CHECK(count <= kMaxParameters, "the model ", flags(), " has ", static_cast<double>(count),
+                " parameters, more than the ", static_cast<double>(kMaxParameters),
+                " Trireme can size; choose smaller sizes");
 }
 
 std::string GptConfig::flags() const {
@@ -24,11 +45,6 @@ std::string GptConfig::flags() const {
          " --mlp-ratio " + std::to_string(mlp_ratio);
 }
 
-int64_t GptConfig::num_parameters() const {
-  const int64_t C = dim, V = vocab, T = seq_len, R = mlp_ratio;
-  const int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +
-                        (R * C * C + R * C) + (R * C * C + C);
-  return V * C + T * C + layers * block + 2 * C + C * V;
-}
+int64_t GptConfig::num_parameters() const { return count_parameters<int64_t>(*this); }
 
 }  // namespace trireme::models
