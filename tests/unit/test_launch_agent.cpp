@@ -872,3 +872,36 @@ TEST(LaunchAgent, TheFirstPublishedMembershipStandsWhenTwoLeadersDecide) {
   EXPECT_EQ(channel.try_get(keys::restart_members(2)), "1;1");
   EXPECT_EQ(channel.try_get(keys::lost(0)), "1");  // counted once, by the restart that dropped it
 }
+
+// LaunchOptions::before_founding runs on an agent that founds the job, and an exception
+// from it leaves run_agent with the agent's --node-rank given back (a corrected retry is
+// not refused as a second node 0); an agent joining a job already running (a replacement,
+// node 0's too under an external store) does not run it: the job's state is its own.
+TEST(LaunchAgent, BeforeFoundingRunsOnlyWhereTheJobIsFounded) {
+  {
+    MemoryChannel channel;
+    CapturedIo io;
+    LaunchOptions o = sh_options(1, "exit 0");
+    o.before_founding = [] { throw trireme::InvalidArgument("runs/x already holds an earlier run's checkpoints"); };
+    EXPECT_THROW(run_agent(o, channel, {"127.0.0.1", 1234}, io.io()), trireme::InvalidArgument);
+    EXPECT_EQ(channel.add(keys::node(0), 0), 0) << "the --node-rank was not given back";
+    EXPECT_EQ(channel.add(keys::kJoined, 0), 0);
+    int calls = 0;
+    o.before_founding = [&] { ++calls; };
+    EXPECT_EQ(run_agent(o, channel, {"127.0.0.1", 1234}, io.io()).exit_code, 0);  // the retry founds the job
+    EXPECT_EQ(calls, 1);
+  }
+  {
+    MemoryChannel channel;
+    CapturedIo io;
+    channel.set(keys::kRunId, "abc");
+    channel.add(keys::kJoined, 2);  // both places taken: the job runs
+    LaunchOptions o = two_node_options("exit 0", 0);
+    o.external_store = true;  // node 0 is a machine like the others, and this is its replacement
+    bool called = false;
+    o.before_founding = [&] { called = true; };
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    EXPECT_FALSE(called);
+    EXPECT_NE(result.failure.find("is already running"), std::string::npos) << result.failure;
+  }
+}

@@ -39,8 +39,9 @@ void check_output_dir(const std::string& dir) {
 
 // A run that does not --resume must not start among an earlier run's checkpoints: a restart
 // falling back to disk, or a later --resume, would load that run's newest one, and
-// retention (which keeps the newest) would delete this run's. Checked on node 0 only: a
-// node joining a running job sees that very job's checkpoints on a shared file system.
+// retention (which keeps the newest) would delete this run's. Checked by node 0 when it
+// founds the job (LaunchOptions::before_founding): a node joining a running job, node 0's
+// replacement under an external store too, sees that very job's checkpoints.
 void check_no_earlier_checkpoints(const TrainOptions& opt) {
   for (int64_t step : ft::checkpoint_steps(opt.checkpoint_dir))
     TRIREME_CHECK(!std::filesystem::exists(opt.checkpoint_dir + "/" + std::to_string(step) + "/manifest.json"),
@@ -72,7 +73,7 @@ int train_main(const std::vector<std::string>& args) {
   std::vector<std::string> command = {self_executable(), "__train-worker"};
   command.insert(command.end(), args.begin(), args.end());
   if (launch_flags.standby < 0) launch_flags.standby = 1;  // its worker awaits activation in main()
-  const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
+  launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
 
   // (finish_launch_flags bounds both, so the product, taken in 64 bits, fits an int.)
   const int world_size = static_cast<int>(int64_t{launch_options.nproc_per_node} * launch_options.nnodes);
@@ -99,7 +100,8 @@ int train_main(const std::vector<std::string>& args) {
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
   if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
-  if (!opt.resume && launch_options.node_rank == 0) check_no_earlier_checkpoints(opt);
+  if (!opt.resume && launch_options.node_rank == 0)
+    launch_options.before_founding = [&opt] { check_no_earlier_checkpoints(opt); };
   check_output_dir(opt.out);  // (after every refusal: a refused run leaves no directory)
 
   const launch::LaunchResult result = launch::launch(launch_options);

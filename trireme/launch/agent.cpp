@@ -762,6 +762,14 @@ std::optional<LaunchResult> Agent::join() {
                     /*counted=*/false);
   // Every place taken already: the job runs, and this node is a replacement or came back.
   if (!is_host() && channel_.add(keys::kJoined, 0) >= options_.nnodes) return join_running();
+  if (options_.before_founding) {
+    try {
+      options_.before_founding();
+    } catch (...) {
+      withdraw({}, /*counted=*/false);
+      throw;
+    }
+  }
   const int64_t joined = channel_.add(keys::kJoined, 1);
   if (joined == options_.nnodes) channel_.set(keys::kReady, "1");
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);

@@ -12,6 +12,7 @@
 // This header includes no libtorch header; the TCPStore lives in tcp_store_channel.cpp.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,12 @@ struct LaunchOptions {
   std::vector<std::string> command;       // program and its arguments
   // Added to (and overriding) every worker's environment, after the torchrun variables.
   std::vector<std::pair<std::string, std::string>> extra_env;
+  // Called once by an agent that founds the job, before it counts itself in; not by one
+  // that joins a job already running (a replacement for a lost machine), whose state is
+  // that job's. An exception it throws gives back this agent's --node-rank and leaves
+  // run_agent/launch, e.g. `trireme train` refusing to start a fresh run among an earlier
+  // run's checkpoints.
+  std::function<void()> before_founding;
 };
 
 // exit_code is what the launcher process should exit with: 0 when every worker of the
