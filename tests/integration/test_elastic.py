@@ -29,7 +29,8 @@ import sys
 import time
 import unittest
 
-from common import SOURCE, TRIREME, free_port, main, max_abs, metrics, stop, store_port, temp_dir, workers_alive
+from common import (SOURCE, TRIREME, free_port, main, max_abs, max_abs_diff, metrics, read_params, stop, store_port,
+                    temp_dir, workers_alive)
 
 sys.path.insert(0, os.path.join(SOURCE, "bench", "py"))
 from bench_proc import processes_with  # noqa: E402 (bench/py/bench_proc.py)
@@ -96,8 +97,8 @@ class ElasticBase(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def reference(self, extra=(), nproc=1):
-        out = os.path.join(self.dir, "reference")
+    def reference(self, extra=(), nproc=1, out=None):
+        out = out or os.path.join(self.dir, "reference")
         port = free_port()
         agents = [self.start(n, port, out, extra, nproc=nproc) for n in range(3)]
         for a in agents:
@@ -227,10 +228,15 @@ class Elastic(ElasticBase):
         # loaded ctest, 40 steps once ended first: their rounds run at idle priority).
         self.steps = 120
         extra = ["--zero", "1"] + layout
-        ref = self.reference(extra, nproc=nproc)
+        # The reference keeps a checkpoint of every step: the run after the kill must equal,
+        # bit for bit, 2 machines resumed from the reference's checkpoint of the rebuilt step.
+        ref_ckpt = os.path.join(self.dir, "reference-checkpoints")
+        ref = self.reference(extra + ["--checkpoint-every", "1", "--keep-checkpoints", str(self.steps),
+                                      "--checkpoint-dir", ref_ckpt], nproc=nproc)
         out = os.path.join(self.dir, "run")
         port = free_port()
-        agents = [self.start(n, port, out, extra + ["--redundancy", "2+1"], nproc=nproc) for n in range(3)]
+        agents = [self.start(n, port, out, extra + ["--redundancy", "2+1", "--dump-params", out + ".params"],
+                             nproc=nproc) for n in range(3)]
         self.wait_for_step(out, 12, agents)
         self.wait_for_protection(agents)
         self.kill_machine(agents[2], 2)
@@ -243,6 +249,21 @@ class Elastic(ElasticBase):
         self.assertNotIn("checkpoint", both)
         self.check_curve(out, ref, f"ZeRO-1 {' '.join(layout) or 'dp only'}, {nproc} worker(s) per machine, one "
                          f"machine killed, optimizer state rebuilt from parity and re-sharded (step {rebuilt})")
+        # The same 2 machines resumed from the reference's checkpoint of that step: the state
+        # rebuilt from parity and re-sharded must be that checkpoint's, to the bit.
+        resumed_ckpt = os.path.join(self.dir, "resumed-checkpoints")
+        shutil.copytree(os.path.join(ref_ckpt, str(rebuilt)), os.path.join(resumed_ckpt, str(rebuilt)))
+        resumed = os.path.join(self.dir, "resumed")
+        proc = subprocess.run(
+            [TRIREME, "train", "gpt", "--nproc-per-node", str(2 * nproc), "--steps", str(self.steps), "--out", resumed,
+             "--seed", "7", "--resume", "--checkpoint-dir", resumed_ckpt, "--dump-params", resumed + ".params"]
+            + MODEL + extra, env=self.env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn(f"resumed at step {rebuilt} from", proc.stderr)
+        diff = max_abs_diff(read_params(resumed + ".params"), read_params(out + ".params"))
+        print(f"  final parameters against 2 machines resumed from the checkpoint of step {rebuilt}: "
+              f"max abs diff {diff:.3g}")
+        self.assertEqual(diff, 0.0)
         self.assertEqual(workers_alive(self.marker), [])
 
     def test_zero_resharded_under_pipeline(self):

@@ -129,7 +129,7 @@ class TrainBadInput(unittest.TestCase):
         # 4 x 1073741824 is 0 in 32 bits: dividing by it killed the command with SIGFPE;
         # 1073741825 x 4 wraps to 4, which matched the world size.
         self.refuse(["--nproc-per-node", "4", "--tp", "4", "--pp", "1073741824"] + SMALL,
-                    "--tp 4 x --pp 1073741824 = 4294967296 ranks per data-parallel replica, more than the job's 4")
+                    "--tp 4 x --pp 1073741824 = 4294967296 ranks per data-parallel replica, but the job has 4")
         self.refuse(["--nproc-per-node", "4", "--dp", "1073741825", "--pp", "4"] + SMALL,
                     "--dp 1073741825 x --tp 1 x --pp 4 = 4294967300 but the job has 4 processes")
         self.refuse(["--nproc-per-node", "2147483647", "--nnodes", "2", "--rdzv", f"127.0.0.1:{free_port()}"] + SMALL,

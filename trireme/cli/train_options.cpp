@@ -235,7 +235,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
   // Products in 64 bits: --tp 4 --pp 1073741824 is 0 in an int (and dividing by it, SIGFPE).
   const int64_t tp_pp = int64_t{o->tp} * o->pp;
   TRIREME_CHECK(tp_pp <= world_size, "--tp ", o->tp, " x --pp ", o->pp, " = ", tp_pp,
-                " ranks per data-parallel replica, more than the job's ", world_size,
+                " ranks per data-parallel replica, but the job has ", world_size,
                 " processes; make dp*tp*pp equal --nproc-per-node x --nnodes");
   // The executor posts receives ahead of the sends of the steps before them (they match by
   // tag on Gloo); NCCL's point-to-point has no tags and runs a pair's operations in order
