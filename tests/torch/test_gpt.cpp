@@ -34,15 +34,6 @@ at::Tensor random_tokens(int64_t B, int64_t T, uint64_t seed) {
   return at::randint(0, 256, {B, T}, gen, at::kLong);
 }
 
-std::string validate_error(GptConfig c) {
-  try {
-    c.validate();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(GptTest, ForwardShapes) {
@@ -189,19 +180,9 @@ TEST(GptTest, TokenIdsOutsideTheVocabularyAreRefused) {
   EXPECT_NO_THROW(model->loss(good, good));
 }
 
-TEST(GptTest, ValidateNamesTheBadFlag) {
+// (GptConfig's own checks: tests/unit/test_train_settings.cpp.)
+TEST(GptTest, TheModelRefusesAnInvalidConfig) {
   GptConfig c;
-  c.dim = 130;
-  EXPECT_EQ(validate_error(c),
-            "--dim 130 is not divisible by --heads 4; choose a dim that is a multiple of heads");
-  c = GptConfig{};
-  c.layers = 0;
-  EXPECT_EQ(validate_error(c), "--layers must be positive, got 0");
-  c = GptConfig{};
-  c.dropout = 1.0;
-  EXPECT_NE(validate_error(c).find("--dropout"), std::string::npos);
-  EXPECT_EQ(validate_error(GptConfig{}), "");
-  c = GptConfig{};
   c.heads = 0;
   EXPECT_THROW(Gpt(c, 0), InvalidArgument);
 }

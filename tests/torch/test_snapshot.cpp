@@ -325,28 +325,17 @@ int free_port() {
 // its store); rethrows the first rank's failure.
 void run_worlds(int size, const std::function<void(World&)>& fn) {
   const int port = free_port();
-  std::exception_ptr error;
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        trireme::dist::WorldInfo info;
-        info.rank = info.local_rank = rank;
-        info.world_size = info.local_world_size = size;
-        info.master_port = port;
-        trireme::dist::WorldOptions options;
-        options.group.timeout = std::chrono::seconds(60);
-        World world = World::connect(info, options);
-        fn(world);
-        world.group()->barrier()->wait();  // no rank tears down its group while another uses it
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  trireme::testing::run_threads(size, [&](int rank) {
+    trireme::dist::WorldInfo info;
+    info.rank = info.local_rank = rank;
+    info.world_size = info.local_world_size = size;
+    info.master_port = port;
+    trireme::dist::WorldOptions options;
+    options.group.timeout = std::chrono::seconds(60);
+    World world = World::connect(info, options);
+    fn(world);
+    world.group()->barrier()->wait();  // no rank tears down its group while another uses it
+  });
 }
 
 World one_rank() { return World::connect(trireme::dist::WorldInfo{}); }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "ranks.h"
 #include "trireme/common/error.h"
 #include "trireme/dist/world.h"
 
@@ -42,24 +43,13 @@ World client(const c10d::TCPStore& server, int rank, int size, trireme::dist::Wo
 // Runs fn(world) on `size` threads, each a rank; rethrows the first rank's failure.
 void run_worlds(int size, const std::function<void(World&)>& fn) {
   const auto server = host_store();
-  std::exception_ptr error;
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        trireme::dist::WorldOptions options;
-        options.group.timeout = std::chrono::seconds(20);  // a mismatch fails instead of hanging
-        World world = client(*server, rank, size, options);
-        fn(world);
-        world.group()->barrier()->wait();  // no rank tears down its groups while another uses them
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  trireme::testing::run_threads(size, [&](int rank) {
+    trireme::dist::WorldOptions options;
+    options.group.timeout = std::chrono::seconds(20);  // a mismatch fails instead of hanging
+    World world = client(*server, rank, size, options);
+    fn(world);
+    world.group()->barrier()->wait();  // no rank tears down its groups while another uses them
+  });
 }
 
 // The sum over `group` of each member's rank + 1.

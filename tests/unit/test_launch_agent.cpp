@@ -724,6 +724,32 @@ TEST(LaunchAgent, AnExitedWorkerKeepsItsPidUntilItsGroupIsSignalled) {
   EXPECT_EQ(errno, ECHILD);
 }
 
+// Node 0 of a two-node job, from the store's side: it beats until node 1 (the agent under
+// test) beats too, then its worker fails, it checks in to restart 1 and names itself its
+// leader. What it does after that (go silent, decide, die) is up to the test.
+void node0_fails_and_leads_restart_1(MemoryChannel& channel) {
+  for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
+    channel.set(keys::alive(0), std::to_string(beat));
+  channel.add(keys::restart_claimed(1), 1);
+  channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
+  channel.set(keys::restart_in(1, 0), "1");
+  channel.add(keys::restart_stopped(1), 1);
+  channel.set(keys::restart_lead(1, 0), "0");
+}
+
+// Node 1 of a job whose node 0 has joined (in `channel`); its worker echoes its generation
+// and world size, and runs until a restart (2 allowed).
+LaunchOptions node1_after_node0_joined(MemoryChannel& channel) {
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);
+  LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec "
+      "sleep 30; fi",
+      2);
+  o.node_rank = 1;
+  return o;
+}
+
 // A restart's leader can die with its machine in the middle of the restart (two spot
 // machines reclaimed seconds apart). Node 0 here starts restart 1, checks in first (it
 // leads), names itself, and never beats again; this agent (node 1) takes over after
@@ -743,16 +769,7 @@ TEST(LaunchAgent, ARestartWhoseLeaderDiesIsDecidedByAnother) {
     o.node_rank = 1;
     o.nnodes_min = is_elastic ? 1 : 0;
     o.join_timeout_s = 10;
-    std::thread node0([&] {
-      // It beats until this agent beats too (its workers run), then its worker fails.
-      for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
-        channel.set(keys::alive(0), std::to_string(beat));
-      channel.add(keys::restart_claimed(1), 1);
-      channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
-      channel.set(keys::restart_in(1, 0), "1");
-      channel.add(keys::restart_stopped(1), 1);
-      channel.set(keys::restart_lead(1, 0), "0");
-    });
+    std::thread node0([&] { node0_fails_and_leads_restart_1(channel); });
     const auto start = Clock::now();
     const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
     node0.join();
@@ -785,22 +802,10 @@ TEST(LaunchAgent, ARestartWhoseLeaderDiesIsDecidedByAnother) {
 TEST(LaunchAgent, AMemberLostBeforeTheRecoveryBarrierIsRestartedWithout) {
   MemoryChannel channel;
   CapturedIo io;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 1);  // node 0 joined
-  LaunchOptions o = one_node_left_options(
-      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec "
-      "sleep 30; fi",
-      2);
-  o.node_rank = 1;
+  LaunchOptions o = node1_after_node0_joined(channel);
   o.join_timeout_s = 10;
   std::thread node0([&] {
-    for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
-      channel.set(keys::alive(0), std::to_string(beat));
-    channel.add(keys::restart_claimed(1), 1);
-    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
-    channel.set(keys::restart_in(1, 0), "1");
-    channel.add(keys::restart_stopped(1), 1);
-    channel.set(keys::restart_lead(1, 0), "0");
+    node0_fails_and_leads_restart_1(channel);
     // It beats on until this agent has checked in, decides both stay, and is gone.
     for (int beat = 200; beat < 400 && !channel.wait_for(keys::restart_in(1, 1), std::chrono::milliseconds(50));
          ++beat)
@@ -831,13 +836,7 @@ TEST(LaunchAgent, AMemberLostBeforeTheRecoveryBarrierIsRestartedWithout) {
 TEST(LaunchAgent, TheFirstPublishedMembershipStandsWhenTwoLeadersDecide) {
   MemoryChannel channel;
   CapturedIo io;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 1);  // node 0 joined
-  LaunchOptions o = one_node_left_options(
-      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec "
-      "sleep 30; fi",
-      2);
-  o.node_rank = 1;
+  LaunchOptions o = node1_after_node0_joined(channel);
   o.nnodes_min = 1;
   o.join_timeout_s = 10;
   std::string lost_race;  // what this agent's decision found in the key
@@ -845,15 +844,7 @@ TEST(LaunchAgent, TheFirstPublishedMembershipStandsWhenTwoLeadersDecide) {
     if (key == keys::restart_lead(1, 1))  // this agent now leads attempt 1; node 0 wakes up and publishes
       lost_race = channel.compare_set(keys::restart_members(1), "", "0,1;0");
   };
-  std::thread node0([&] {
-    for (int beat = 1; beat < 200 && !channel.wait_for(keys::alive(1), std::chrono::milliseconds(50)); ++beat)
-      channel.set(keys::alive(0), std::to_string(beat));
-    channel.add(keys::restart_claimed(1), 1);
-    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 1");
-    channel.set(keys::restart_in(1, 0), "1");
-    channel.add(keys::restart_stopped(1), 1);
-    channel.set(keys::restart_lead(1, 0), "0");
-  });
+  std::thread node0([&] { node0_fails_and_leads_restart_1(channel); });
   const auto start = Clock::now();
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
   node0.join();
