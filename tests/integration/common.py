@@ -17,6 +17,9 @@ import time
 import unittest
 
 TRIREME = os.environ.get("TRIREME_BIN", "build/trireme")
+# Every run of the suite fails if its data-parallel replicas end with different parameters
+# (by default `trireme train` reports it: replicas on different hardware may round apart).
+os.environ.setdefault("TRIREME_REPLICA_CHECK", "strict")
 SOURCE = os.environ.get("TRIREME_SOURCE", os.getcwd())
 
 

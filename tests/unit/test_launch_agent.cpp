@@ -896,3 +896,28 @@ TEST(LaunchAgent, BeforeFoundingRunsOnlyWhereTheJobIsFounded) {
     EXPECT_NE(result.failure.find("is already running"), std::string::npos) << result.failure;
   }
 }
+
+// A worker that exits with kExitNoRestart failed in a way a restart would repeat (a NaN
+// step replayed from its snapshot): the job ends at once instead of spending its restarts;
+// any other failure code is restarted as before.
+TEST(LaunchAgent, AWorkerExitingWithNoRestartIsNotRestarted) {
+  for (const int code : {kExitNoRestart, 3}) {
+    MemoryChannel channel;
+    CapturedIo io;
+    LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT; exit " + std::to_string(code));
+    o.max_restarts = 2;
+    const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+    const std::string out = io.stdout_text();
+    EXPECT_NE(result.exit_code, 0);
+    if (code == kExitNoRestart) {
+      EXPECT_EQ(out, "[0] gen=0\n");
+      EXPECT_EQ(result.failure.find("rank 0 (node 0, local 0) exited with code 78 (kExitNoRestart: a restart would "
+                                    "repeat it), so the job was not restarted"),
+                0u)
+          << result.failure;
+    } else {
+      EXPECT_NE(out.find("gen=2"), std::string::npos) << out;
+      EXPECT_NE(result.failure.find("gave up after 2 restarts"), std::string::npos) << result.failure;
+    }
+  }
+}

@@ -136,15 +136,20 @@ TEST(WorldEnv, InconsistentRanksNameTheLaunchersVariables) {
             std::string::npos);
 }
 
-TEST(WorldEnv, SlurmAndOpenMpiNeedMasterAddrForSeveralRanks) {
+TEST(WorldEnv, SlurmAndOpenMpiNeedMasterAddrAcrossMachines) {
   // 127.0.0.1 would send each machine's ranks to a store on their own machine.
-  EXPECT_NE(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"MASTER_PORT", "1234"}})
-                .find("MASTER_ADDR is not set for a slurm job of 4 ranks; export MASTER_ADDR="),
+  EXPECT_NE(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"MASTER_PORT", "1234"}})
+                .find("MASTER_ADDR is not set for a slurm job of 4 ranks on several machines; export MASTER_ADDR="),
             std::string::npos);
-  EXPECT_NE(env_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}})
-                .find("MASTER_ADDR is not set for a openmpi job of 2 ranks"),
+  EXPECT_NE(env_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"MASTER_PORT", "1"}})
+                .find("MASTER_ADDR is not set for a openmpi job of 2 ranks on several machines"),
             std::string::npos);
-  // One rank needs no store to meet at.
+  // On one machine 127.0.0.1 is right; one rank needs no store to meet at.
+  EXPECT_EQ(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "4"},
+                       {"MASTER_PORT", "1234"}}),
+            "");
+  EXPECT_EQ(env_error({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), "");
   EXPECT_EQ(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), "");
 }
 

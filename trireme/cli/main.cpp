@@ -13,6 +13,7 @@
 
 #include "trireme/cli/commands.h"
 #include "trireme/common/error.h"
+#include "trireme/launch/launcher.h"
 #include "trireme/launch/standby.h"
 
 namespace trireme::cli {
@@ -81,6 +82,9 @@ int main(int argc, char** argv) {
   } catch (const trireme::InvalidArgument& e) {
     std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
     return 2;
+  } catch (const trireme::Unrecoverable& e) {  // the agent does not restart a worker for it
+    std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(), one_line(e.what()).c_str());
+    return trireme::launch::kExitNoRestart;
   } catch (const c10::Error& e) {  // from libtorch: its message without the C++ backtrace
     std::fprintf(stderr, "trireme %s: error: %s\n", command.c_str(),
                  one_line(e.what_without_backtrace()).c_str());

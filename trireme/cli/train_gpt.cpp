@@ -102,7 +102,9 @@ int train_main(const std::vector<std::string>& args) {
   if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
   if (!opt.resume && launch_options.node_rank == 0)
     launch_options.before_founding = [&opt] { check_no_earlier_checkpoints(opt); };
-  check_output_dir(opt.out);  // (after every refusal: a refused run leaves no directory)
+  // After every refusal made here, so that these leave no directory; the refusal of a fresh
+  // run among earlier checkpoints (before_founding) comes later, inside launch().
+  check_output_dir(opt.out);
 
   const launch::LaunchResult result = launch::launch(launch_options);
   if (!result.failure.empty()) std::fprintf(stderr, "trireme train: %s\n", result.failure.c_str());

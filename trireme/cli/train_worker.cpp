@@ -76,14 +76,19 @@ void warm_up_kernels(const TrainOptions& opt) {
   generator.set_state(generator_state);
 }
 
-// The replicas of a data-parallel group end with the same parameters, bit for bit: they
-// take the same averaged gradients and the same optimizer step (under ZeRO each updates its
-// piece and gathers the others'). Checked once, after the last step, by one all-reduce of
-// the parameters' CRCs, so that replicas that drift apart (a gradient left out of the
-// average, a broken gather or restore) fail the run: --dump-params, and with it every
-// parity test, sees the first replica's copy only. Throws Error naming the parameters.
+// The replicas of a data-parallel group end with the same parameters: they take the same
+// averaged gradients and the same optimizer step (under ZeRO each updates its piece and
+// gathers the others'). Checked once, after the last step, by one all-reduce of the
+// parameters' CRCs: --dump-params, and with it every parity test, sees the first
+// replica's copy only, so replicas that drift apart (a gradient left out of the average, a
+// broken gather or restore) would go unseen. Replicas on identical hardware agree bit for
+// bit; on different hardware (AVX2 beside AVX-512, two GPU models) each replica's own
+// clipping norm and AdamW step may round differently in the last bits. So a difference is
+// measured (a second all-reduce, of the differing parameters) and reported on stderr by
+// each group's first replica, and the run fails only with TRIREME_REPLICA_CHECK=strict
+// (which the test suite sets): then it throws Unrecoverable naming the parameters.
 // Test seam: TRIREME_TEST_DRIFT_REPLICA=R changes one value of data-parallel replica R
-// first, so the tests see this check fail.
+// first, so the tests see the check report and fail.
 void check_replicas_agree(TrainEngine& engine, const dist::MeshGroups& groups, at::Device device) {
   if (groups.size("dp") < 2) return;
   const std::vector<std::pair<std::string, at::Tensor>> named = engine.named_parameters();
@@ -92,6 +97,9 @@ void check_replicas_agree(TrainEngine& engine, const dist::MeshGroups& groups, a
       const at::NoGradGuard no_grad;
       named.front().second.view(-1)[0].add_(1.0);
     }
+  const dist::Group& dp = groups.axis("dp");
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
   const size_t n = named.size();
   // [crc_i..., -crc_i...] under MAX: the largest and the smallest CRC of each parameter.
   std::vector<int64_t> crcs(2 * n);
@@ -101,26 +109,52 @@ void check_replicas_agree(TrainEngine& engine, const dist::MeshGroups& groups, a
     crcs[n + i] = -crcs[i];
   }
   std::vector<at::Tensor> bounds{at::tensor(crcs, at::kLong).to(device)};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  dist::run_collective("replica agreement check", [&] { return groups.axis("dp")->allreduce(bounds, max); });
+  dist::run_collective("replica agreement check", [&] { return dp->allreduce(bounds, max); });
   const at::Tensor out = bounds.front().to(at::kCPU);
   const int64_t* v = out.data_ptr<int64_t>();
-  std::string differ;
-  int count = 0;
+  std::vector<size_t> differing;
   for (size_t i = 0; i < n; ++i)
-    if (v[i] != -v[n + i] && count++ < 3) differ += (differ.empty() ? "" : ", ") + named[i].first;
-  if (count > 0)
-    TRIREME_THROW(Error, "the data-parallel replicas ended with different parameters (", differ,
-                  count > 3 ? " and " + std::to_string(count - 3) + " more" : std::string(),
-                  "): a Trireme bug; please report it with the command line");
+    if (v[i] != -v[n + i]) differing.push_back(i);
+  if (differing.empty()) return;
+  // How far apart: the largest and the negated smallest value of each element, across the
+  // group, for the differing parameters (alike on every replica: they saw the same CRCs).
+  std::vector<at::Tensor> extremes;
+  for (size_t i : differing) {
+    const at::Tensor p = named[i].second.detach().to(at::kDouble).reshape({-1});
+    extremes.push_back(at::cat({p, -p}));
+  }
+  std::vector<at::Tensor> flat{at::cat(extremes)};
+  dist::run_collective("replica agreement check", [&] { return dp->allreduce(flat, max); });
+  const at::Tensor both = flat.front().to(at::kCPU);
+  double spread = 0;
+  std::string names;
+  int64_t at = 0;
+  for (size_t k = 0; k < differing.size(); ++k) {
+    const int64_t numel = named[differing[k]].second.numel();
+    const at::Tensor highs = both.narrow(0, at, numel), lows = both.narrow(0, at + numel, numel);
+    spread = std::max(spread, (highs + lows).max().item<double>());
+    at += 2 * numel;
+    if (k < 3) names += (k ? ", " : "") + named[differing[k]].first;
+  }
+  if (differing.size() > 3) names += " and " + std::to_string(differing.size() - 3) + " more";
+  char what[512];
+  std::snprintf(what, sizeof what,
+                "the data-parallel replicas ended with different parameters (%s; max abs diff %.3g): expected "
+                "only when replicas ran on different hardware, else a Trireme bug to report with the command line",
+                names.c_str(), spread);
+  const char* mode = std::getenv("TRIREME_REPLICA_CHECK");
+  if (mode && std::string(mode) == "strict") TRIREME_THROW(Unrecoverable, what);
+  if (groups.coord("dp") == 0) {
+    std::fprintf(stderr, "gpt: %s\n", what);
+    std::fflush(stderr);
+  }
 }
 
 // What a run trains on, for its checkpoints (ft::CheckpointLayout::data): the batch of a
 // step is a function of the corpus, --seed and --batch (and --seq, among the model flags).
-std::string data_identity(const data::Corpus& corpus, const TrainOptions& opt) {
+std::string data_identity(const data::Corpus& corpus, uint32_t corpus_crc, const TrainOptions& opt) {
   char crc[16];
-  std::snprintf(crc, sizeof crc, "%08x", ft::crc32(corpus.bytes().data(), corpus.size()));
+  std::snprintf(crc, sizeof crc, "%08x", corpus_crc);
   return "corpus of " + std::to_string(corpus.size()) + " bytes, CRC-32 " + crc + "; --seed " +
          std::to_string(opt.seed) + " --batch " + std::to_string(opt.batch);
 }
@@ -128,9 +162,10 @@ std::string data_identity(const data::Corpus& corpus, const TrainOptions& opt) {
 // Every rank reads the same corpus: a batch is drawn from the corpus's size and the step,
 // so nodes holding different copies of --data would train on different text for the same
 // step, and nothing else would notice. One all-reduce of its size and CRC at the start.
-void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus, at::Device device) {
+void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus, uint32_t corpus_crc,
+                                 at::Device device) {
   if (world.size() < 2) return;
-  const int64_t crc = ft::crc32(corpus.bytes().data(), corpus.size());
+  const int64_t crc = corpus_crc;
   const int64_t size = static_cast<int64_t>(corpus.size());
   std::vector<at::Tensor> bounds{at::tensor(std::vector<int64_t>{crc, -crc, size, -size}, at::kLong).to(device)};
   c10d::AllreduceOptions max;
@@ -138,9 +173,11 @@ void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus,
   dist::run_collective("corpus agreement check", [&] { return world.group()->allreduce(bounds, max); });
   const at::Tensor out = bounds.front().to(at::kCPU);
   const int64_t* v = out.data_ptr<int64_t>();
-  TRIREME_CHECK(v[0] == -v[1] && v[2] == -v[3], "the ranks read different corpora (--data ", corpus.path(), ": ",
-                -v[3] == v[2] ? "same size, other bytes" : std::to_string(-v[3]) + " to " + std::to_string(v[2]) + " bytes",
-                "): give every node the same --data file");
+  if (v[0] != -v[1] || v[2] != -v[3])
+    TRIREME_THROW(Unrecoverable, "the ranks read different corpora (--data ", corpus.path(), ": ",
+                  -v[3] == v[2] ? "same size, other bytes" : std::to_string(-v[3]) + " to " + std::to_string(v[2]) +
+                                                                 " bytes",
+                  "): give every node the same --data file");
 }
 
 // Set by SIGTERM in an elastic job's worker: stop after the current step.
@@ -426,6 +463,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   const data::Corpus corpus =
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
+  const uint32_t corpus_crc = ft::crc32(corpus.bytes().data(), corpus.size());  // (before a standby waits)
   // One intra-op thread per rank unless the launcher says otherwise.
   const char* threads = std::getenv("OMP_NUM_THREADS");
   at::set_num_threads(threads ? std::max(1, std::atoi(threads)) : 1);
@@ -471,7 +509,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   // Creating NCCL groups loaded libtorch's CUDA part; only now can CUDA be asked about.
   const at::Device device = opt.device == "cuda" ? cuda_device(world.info().local_rank)
                                                  : at::Device(at::kCPU);
-  check_ranks_read_one_corpus(world, corpus, device);
+  check_ranks_read_one_corpus(world, corpus, corpus_crc, device);
 
   // The default generators (dropout's) are seeded apart per data-parallel replica and
   // pipeline stage, and alike within a tensor-parallel group, whose replicated regions must
@@ -518,7 +556,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.adamw = adamw.get();
   train_state.zero = zero.get();
   train_state.layout = {mesh.describe(), opt.dp, opt.tp, opt.pp, opt.zero, -1, opt.model.flags(),
-                        data_identity(corpus, opt)};
+                        data_identity(corpus, corpus_crc, opt)};
   // An elastic job restores from whatever whole replicas the nodes left hold: no shares
   // (`trireme train` refuses --snapshot-share 1 there).
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);

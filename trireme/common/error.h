@@ -40,6 +40,14 @@ class CheckpointCorrupt : public Error {
   using Error::Error;
 };
 
+// A failure that restarting the workers would only repeat: training diverged (a NaN
+// gradient norm), or the ranks disagree on what they train (replicas, corpus). A worker of
+// `trireme run` ends with launch::kExitNoRestart on it, and the job is not restarted.
+class Unrecoverable : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Parts>
 std::string concat(const Parts&... parts) {

@@ -57,12 +57,12 @@ std::string read_string(const EnvLookup& lookup, const char* name, const std::st
 }
 
 // `addr_required`: Slurm and Open MPI do not export MASTER_ADDR, and 127.0.0.1 would send
-// every machine's ranks to a store on their own machine; torchrun and trireme run always
-// export it.
+// every machine's ranks to a store on their own machine (on one machine it is right);
+// torchrun and trireme run always export it.
 void read_master(const EnvLookup& lookup, WorldInfo* info, bool addr_required) {
-  TRIREME_CHECK(!addr_required || info->world_size <= 1 || read_string(lookup, "MASTER_ADDR", "") != "",
-                "MASTER_ADDR is not set for a ", info->source, " job of ", info->world_size,
-                " ranks; export MASTER_ADDR=<host of rank 0> (and MASTER_PORT) to every rank");
+  TRIREME_CHECK(!addr_required || !info->spans_machines() || read_string(lookup, "MASTER_ADDR", "") != "",
+                "MASTER_ADDR is not set for a ", info->source, " job of ", info->world_size, " ranks on ",
+                "several machines; export MASTER_ADDR=<host of rank 0> (and MASTER_PORT) to every rank");
   info->master_addr = read_string(lookup, "MASTER_ADDR", "127.0.0.1");
   info->master_port = read_int(lookup, "MASTER_PORT", 0, info->world_size > 1);
   TRIREME_CHECK(info->master_port <= 65535, "MASTER_PORT=", info->master_port,

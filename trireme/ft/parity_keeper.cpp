@@ -283,6 +283,7 @@ dist::Store connect_store(const KeeperGeneration& g, const std::string& prefix) 
 dist::Group agents_group(const dist::Store& store, int rank, int size) {
   dist::GroupOptions options;
   options.timeout = kGroupTimeout;
+  options.spans_machines = size > 1;  // one keeper per machine: never bind loopback
   return dist::create_gloo_group(store, rank, size, options);
 }
 

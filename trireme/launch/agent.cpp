@@ -155,6 +155,7 @@ struct Event {
   std::string what;  // the failure, for every ending but kAllExited
   int signal = 0;
   bool silent = false;  // kNodeLost: the member's heartbeat stopped (not a preemption notice)
+  bool final = false;   // kWorkerFailed: the worker exited with kExitNoRestart
 };
 
 // How long workers get to finish their step when a restart is for a member whose heartbeat
@@ -276,6 +277,7 @@ class Agent {
   int first_signal_ = 0;     // the first stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), 0 if none
   int signal_count_ = 0;     // all stopping signals received
   std::string first_failure_;  // the first worker that failed on its own
+  bool first_failure_final_ = false;  // it exited with kExitNoRestart
   bool stopping_ = false;      // workers dying now are ones we are stopping
   std::string published_failure_;  // what kFailure held when we last looked
   // A member lost at the recovery barrier of the last restart (await_recovery): run()
@@ -332,7 +334,7 @@ LaunchResult Agent::run() {
     if (event.ending == Ending::kAllExited && elastic(options_)) event = finished_or_restarted();
     await_leavers_flush();
     if (keeper_) while_pumping([&] { keeper_->stop(); });
-    const bool restartable = (event.ending == Ending::kWorkerFailed && !failed) ||
+    const bool restartable = (event.ending == Ending::kWorkerFailed && !failed && !event.final) ||
                              event.ending == Ending::kRemoteRestart || event.ending == Ending::kNodeLost ||
                              event.ending == Ending::kNodeJoin;
     if (restartable && generation_ < options_.max_restarts) {
@@ -352,6 +354,8 @@ LaunchResult Agent::run() {
     }
     if (failed && options_.max_restarts > 0)  // (a restart would start it the same way)
       event.what += "; the worker could not be started, so the job was not restarted";
+    else if (event.final && options_.max_restarts > 0)
+      event.what += " (kExitNoRestart: a restart would repeat it), so the job was not restarted";
     else if (event.ending == Ending::kWorkerFailed && options_.max_restarts > 0)
       event.what += "; gave up after " + std::to_string(generation_) + " restart" + (generation_ == 1 ? "" : "s") +
                     " (--max-restarts " + std::to_string(options_.max_restarts) + ")";
@@ -467,6 +471,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   }
   workers_.clear();
   first_failure_.clear();
+  first_failure_final_ = false;
   stopping_ = false;
   try {
     channel_.set(keys::restart_in(generation, options_.node_rank), "1");
@@ -601,12 +606,13 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
     publish_failure(d.failure);
     return LaunchResult{1, d.failure};
   }
-  // Set before the membership, which the others wait for (a leader whose decision loses
-  // sets the same generation and a decision time a moment later).
-  channel_.set(keys::kGeneration, std::to_string(generation));
-  channel_.set(keys::restart_decided(generation), std::to_string(wall_us(Clock::now())));
+  const int64_t decided_us = wall_us(Clock::now());
   if (!publish(d.members)) return std::nullopt;
-  for (int id : d.dropped) channel_.add(keys::lost(id), 1);
+  // Only the published decision's leader: read by workers after the recovery barrier,
+  // which this agent reaches after these, and by joiners, which step past a generation
+  // whose membership leaves them out. (The dropped nodes' lost/N: take_members.)
+  channel_.set(keys::kGeneration, std::to_string(generation));
+  channel_.set(keys::restart_decided(generation), std::to_string(decided_us));
   if (!d.why_dropped.empty())
     write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   return std::nullopt;
@@ -623,6 +629,13 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
                                " (its heartbeat stalled for --node-timeout " + seconds_text(options_.node_timeout_s) +
                                " s); raise --node-timeout on a loaded machine"};
   }
+  // A dropped member's lost/N is raised once per restart, by whichever agent taking the
+  // membership gets there first: the leader may die right after publishing it, and a
+  // replacement under that --node-rank is admitted only once lost/N is raised.
+  for (int id : members_)
+    if (!contains(next, id) &&
+        channel_.compare_set(keys::restart_dropped(generation, id), "", node()) == node())
+      channel_.add(keys::lost(id), 1);
   const KeeperGeneration previous = keeper_generation();
   const bool changed = next != members_;
   enter(generation, next);
@@ -862,6 +875,7 @@ std::optional<LaunchResult> Agent::join_running() {
                                "finished)"});
     }
     const std::vector<int> members = member_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
+    if (members.empty()) return give_up({1, published_job_failure() + "; " + node() + " did not join"});
     if (contains(members, options_.node_rank)) {
       channel_.set(keys::pending(options_.node_rank), "");
       enter(generation, members);
@@ -973,7 +987,7 @@ Event Agent::supervise() {
   while (true) {
     pump(next_check - Clock::now());
     if (first_signal_) return {Ending::kSignal, "", first_signal_};
-    if (!first_failure_.empty()) return {Ending::kWorkerFailed, first_failure_};
+    if (!first_failure_.empty()) return {Ending::kWorkerFailed, first_failure_, 0, false, first_failure_final_};
     if (!any_running()) return {Ending::kAllExited, ""};
     if (Clock::now() < next_check) continue;
     next_check = Clock::now() + kFailurePollInterval;
@@ -1140,8 +1154,10 @@ void Agent::reap() {
       forward(w, s, kDrainReads);  // what it wrote before exiting is still in the pipe
       close_stream(w, s);
     }
-    if (!stopping_ && !exited_cleanly(status) && first_failure_.empty())
+    if (!stopping_ && !exited_cleanly(status) && first_failure_.empty()) {
       first_failure_ = worker_name(w) + " " + describe_wait_status(status);
+      first_failure_final_ = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
+    }
   }
 }
 

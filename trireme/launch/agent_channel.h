@@ -38,6 +38,9 @@
 //                           stands: a leader taken for lost (a stall longer than
 //                           --node-timeout, not a death) that decides too does not replace
 //                           it, and one that dies before writing leaves nothing half done
+//   trireme/restart/G/dropped/N  member N of G-1 is not in G: the first agent to take the
+//                           membership sets it (compare-and-set) and raises lost/N, so the
+//                           count is raised once, whichever agents survive the restart
 //   trireme/restart/G/lead/A  the node id of the agent leading attempt A at deciding
 //                           generation G: attempt 0 is the first to check in; a member
 //                           waiting for the membership whose leader's heartbeat stopped for
@@ -108,6 +111,9 @@ inline std::string restart_in(int generation, int node) {
 }
 inline std::string restart_decided(int generation) { return restart(generation) + "/decided"; }
 inline std::string restart_members(int generation) { return restart(generation) + "/members"; }
+inline std::string restart_dropped(int generation, int node) {
+  return restart(generation) + "/dropped/" + std::to_string(node);
+}
 inline std::string restart_silent(int generation) { return restart(generation) + "/silent"; }
 inline std::string restart_lead(int generation, int attempt) {
   return restart(generation) + "/lead/" + std::to_string(attempt);

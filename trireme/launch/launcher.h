@@ -65,6 +65,11 @@ struct LaunchOptions {
   std::function<void()> before_founding;
 };
 
+// A worker that exits with this code (EX_CONFIG in sysexits.h) failed in a way a restart
+// would repeat: the agent ends the job instead of spending --max-restarts on it. Trireme's
+// own workers exit with it on trireme::Unrecoverable.
+inline constexpr int kExitNoRestart = 78;
+
 // exit_code is what the launcher process should exit with: 0 when every worker of the
 // job exited 0, 128+signal when the agent was stopped by a signal, non-zero otherwise.
 // failure is one line (no trailing newline, no "trireme run:" prefix) saying what went

@@ -48,7 +48,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
   const double norm = std::sqrt(total.item<double>());
   // Every rank of the groups sees the same sum, so all of them throw, none waits on another.
   if (!std::isfinite(norm))
-    TRIREME_THROW(Error, "the global gradient norm is ", norm,
+    TRIREME_THROW(Unrecoverable, "the global gradient norm is ", norm,
                   " (a gradient holds NaN or inf): training diverged and this step is not applied; "
                   "lower --lr or lengthen --warmup and resume from the last checkpoint");
   if (max_norm > 0 && norm > max_norm && !grads.empty()) {

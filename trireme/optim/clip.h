@@ -20,9 +20,10 @@ struct NormSharing {
 };
 
 // Scales gradients in place so their global norm is at most max_norm (no-op when
-// max_norm <= 0). Returns the norm before clipping. Throws Error, whatever max_norm, when
-// that norm is NaN or infinite, before touching any gradient: the step must not reach the
-// optimizer, whose state (and every later snapshot) it would fill with NaN.
+// max_norm <= 0). Returns the norm before clipping. Throws Unrecoverable, whatever
+// max_norm, when that norm is NaN or infinite, before touching any gradient: the step must
+// not reach the optimizer, whose state (and every later snapshot) it would fill with NaN,
+// and a restart would replay the same step.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
                       const NormSharing& sharing = {});
 
