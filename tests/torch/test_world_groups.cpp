@@ -109,5 +109,6 @@ TEST(WorldGroups, AStoreThatIsGoneIsACommError) {
     EXPECT_EQ(text.find('\n'), std::string::npos) << text;
   }
   // The broken connection was retried, and said so through the hook (not on stderr).
+  EXPECT_FALSE(notes.empty()) << "no retry was reported";
   for (const auto& note : notes) EXPECT_NE(note.find("reconnecting and retrying"), std::string::npos) << note;
 }

@@ -63,7 +63,9 @@ class World {
   // InvalidArgument otherwise). A group is told apart in the store by its members, its tag
   // and how many groups of the same members and tag this rank created before it: the
   // members must create their common groups in the same order, whatever other groups each
-  // of them joins in between.
+  // of them joins in between. Creating a group waits for its members (Gloo connects them
+  // all), so every rank must create its groups in one consistent global order: {0,1} then
+  // {1,2} on every member, never {1,2} first on rank 1 while rank 0 waits in {0,1}.
   Group new_group(const std::vector<int>& ranks, const std::string& tag);
   // One group per axis of `mesh` (which must cover the world).
   MeshGroups mesh_groups(const Mesh& mesh);
