@@ -76,11 +76,21 @@ void warm_up_kernels(const TrainOptions& opt) {
   generator.set_state(generator_state);
 }
 
+// The element-wise largest and smallest of `values` across `group`: one MAX all-reduce of
+// the values and their negations. Returned on the CPU.
+std::pair<at::Tensor, at::Tensor> extremes_across(const dist::Group& group, const at::Tensor& values,
+                                                  at::Device device, const char* what) {
+  const int64_t n = values.numel();
+  const at::Tensor both =
+      dist::all_reduce(group, at::cat({values, -values}), c10d::ReduceOp::MAX, device, what).cpu();
+  return {both.narrow(0, 0, n), -both.narrow(0, n, n)};
+}
+
 // The replicas of a data-parallel group end with the same parameters: they take the same
 // averaged gradients and the same optimizer step (under ZeRO each updates its piece and
 // gathers the others'). Checked once, after the last step, by one all-reduce of the
-// parameters' CRCs: --dump-params, and with it every parity test, sees the first
-// replica's copy only, so replicas that drift apart (a gradient left out of the average, a
+// parameters' CRCs (extremes_across): --dump-params, and with it every parity test, sees
+// the first replica's copy only, so replicas that drift apart (a gradient left out of the average, a
 // broken gather or restore) would go unseen. Replicas on identical hardware agree bit for
 // bit; on different hardware (AVX2 beside AVX-512, two GPU models) each replica's own
 // clipping norm and AdamW step may round differently in the last bits. So a difference is
@@ -98,44 +108,24 @@ void check_replicas_agree(TrainEngine& engine, const dist::MeshGroups& groups, a
       named.front().second.view(-1)[0].add_(1.0);
     }
   const dist::Group& dp = groups.axis("dp");
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  const size_t n = named.size();
-  // [crc_i..., -crc_i...] under MAX: the largest and the smallest CRC of each parameter.
-  std::vector<int64_t> crcs(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor host = named[i].second.detach().to(at::kCPU).contiguous();
-    crcs[i] = ft::crc32(host.data_ptr(), host.nbytes());
-    crcs[n + i] = -crcs[i];
+  std::vector<int64_t> crcs;
+  for (const auto& [name, param] : named) {
+    const at::Tensor host = param.detach().to(at::kCPU).contiguous();
+    crcs.push_back(ft::crc32(host.data_ptr(), host.nbytes()));
   }
-  std::vector<at::Tensor> bounds{at::tensor(crcs, at::kLong).to(device)};
-  dist::run_collective("replica agreement check", [&] { return dp->allreduce(bounds, max); });
-  const at::Tensor out = bounds.front().to(at::kCPU);
-  const int64_t* v = out.data_ptr<int64_t>();
+  const auto [crc_max, crc_min] = extremes_across(dp, at::tensor(crcs, at::kLong), device, "replica agreement check");
   std::vector<size_t> differing;
-  for (size_t i = 0; i < n; ++i)
-    if (v[i] != -v[n + i]) differing.push_back(i);
+  for (size_t i = 0; i < named.size(); ++i)
+    if (crc_max[i].item<int64_t>() != crc_min[i].item<int64_t>()) differing.push_back(i);
   if (differing.empty()) return;
-  // How far apart: the largest and the negated smallest value of each element, across the
-  // group, for the differing parameters (alike on every replica: they saw the same CRCs).
-  std::vector<at::Tensor> extremes;
-  for (size_t i : differing) {
-    const at::Tensor p = named[i].second.detach().to(at::kDouble).reshape({-1});
-    extremes.push_back(at::cat({p, -p}));
-  }
-  std::vector<at::Tensor> flat{at::cat(extremes)};
-  dist::run_collective("replica agreement check", [&] { return dp->allreduce(flat, max); });
-  const at::Tensor both = flat.front().to(at::kCPU);
-  double spread = 0;
+  // How far apart, over the differing parameters (alike on every replica: they saw the
+  // same CRCs).
+  std::vector<at::Tensor> values;
+  for (size_t i : differing) values.push_back(named[i].second.detach().to(at::kDouble).reshape({-1}));
+  const auto [high, low] = extremes_across(dp, at::cat(values), device, "replica agreement check");
+  const double spread = (high - low).max().item<double>();
   std::string names;
-  int64_t at = 0;
-  for (size_t k = 0; k < differing.size(); ++k) {
-    const int64_t numel = named[differing[k]].second.numel();
-    const at::Tensor highs = both.narrow(0, at, numel), lows = both.narrow(0, at + numel, numel);
-    spread = std::max(spread, (highs + lows).max().item<double>());
-    at += 2 * numel;
-    if (k < 3) names += (k ? ", " : "") + named[differing[k]].first;
-  }
+  for (size_t k = 0; k < differing.size() && k < 3; ++k) names += (k ? ", " : "") + named[differing[k]].first;
   if (differing.size() > 3) names += " and " + std::to_string(differing.size() - 3) + " more";
   char what[512];
   std::snprintf(what, sizeof what,
@@ -165,18 +155,13 @@ std::string data_identity(const data::Corpus& corpus, uint32_t corpus_crc, const
 void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus, uint32_t corpus_crc,
                                  at::Device device) {
   if (world.size() < 2) return;
-  const int64_t crc = corpus_crc;
-  const int64_t size = static_cast<int64_t>(corpus.size());
-  std::vector<at::Tensor> bounds{at::tensor(std::vector<int64_t>{crc, -crc, size, -size}, at::kLong).to(device)};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  dist::run_collective("corpus agreement check", [&] { return world.group()->allreduce(bounds, max); });
-  const at::Tensor out = bounds.front().to(at::kCPU);
-  const int64_t* v = out.data_ptr<int64_t>();
-  if (v[0] != -v[1] || v[2] != -v[3])
+  const at::Tensor mine = at::tensor(std::vector<int64_t>{corpus_crc, static_cast<int64_t>(corpus.size())}, at::kLong);
+  const auto [high, low] = extremes_across(world.group(), mine, device, "corpus agreement check");
+  const int64_t most = high[1].item<int64_t>(), least = low[1].item<int64_t>();
+  if (high[0].item<int64_t>() != low[0].item<int64_t>() || most != least)
     TRIREME_THROW(Unrecoverable, "the ranks read different corpora (--data ", corpus.path(), ": ",
-                  -v[3] == v[2] ? "same size, other bytes" : std::to_string(-v[3]) + " to " + std::to_string(v[2]) +
-                                                                 " bytes",
+                  most == least ? "same size, other bytes" : std::to_string(least) + " to " + std::to_string(most) +
+                                                               " bytes",
                   "): give every node the same --data file");
 }
 

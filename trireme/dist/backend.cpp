@@ -35,6 +35,16 @@ void run_collective(const char* what,
   wait_work(work, what);
 }
 
+at::Tensor all_reduce(const Group& group, const at::Tensor& values, c10d::ReduceOp::RedOpType op,
+                      at::Device device, const char* what) {
+  std::vector<at::Tensor> buffer{values.to(device)};
+  if (group->getSize() == 1) return buffer[0];
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  run_collective(what, [&] { return group->allreduce(buffer, options); });
+  return buffer[0];
+}
+
 BackendKind parse_backend(const std::string& name) {
   if (name == "gloo") return BackendKind::kGloo;
   if (name == "nccl") return BackendKind::kNccl;

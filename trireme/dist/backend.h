@@ -73,6 +73,11 @@ void run_collective(const char* what,
                     const std::function<c10::intrusive_ptr<c10d::Work>()>& issue);
 // Waits for an operation already issued; failures become CommError naming `what`.
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
+// `values` reduced element-wise by `op` over `group` (a collective), on `device`, the
+// group's: in place when `values` is already there, else in a copy. Failures become
+// CommError naming `what`.
+at::Tensor all_reduce(const Group& group, const at::Tensor& values, c10d::ReduceOp::RedOpType op,
+                      at::Device device, const char* what);
 
 // Throws InvalidArgument unless `count` CUDA devices are usable: loads the NCCL plugin
 // (which brings libtorch's CUDA part) and asks CUDA how many devices it sees.

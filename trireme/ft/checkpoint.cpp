@@ -311,7 +311,7 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     check_step_matches(dir, c.step_, where);
     c.layout_ = {field(m, "mesh", where).get<std::string>(), static_cast<int>(count("dp", kIntMax)),
                  static_cast<int>(count("tp", kIntMax)), static_cast<int>(count("pp", kIntMax)),
-                 static_cast<int>(count("zero", kIntMax)), m.value("rank", -1)};
+                 static_cast<int>(count("zero", kIntMax)), m.value("rank", -1), "", ""};
     if (m.contains("model")) {
       if (!m["model"].is_string()) TRIREME_THROW(CheckpointCorrupt, where, ": field model is not a string");
       c.layout_.model = m["model"].get<std::string>();

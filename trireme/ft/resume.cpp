@@ -319,13 +319,7 @@ void load_from(const TrainingState& s, const Checkpoint& checkpoint) {
 // device.
 at::Tensor reduce_over(const TrainingState& s, const dist::Group& group, const at::Tensor& values,
                        c10d::ReduceOp::RedOpType op, const char* what = "snapshot agreement") {
-  const at::Device device = s.parameters.front().second.device();
-  std::vector<at::Tensor> buffer{values.to(device)};
-  if (group->getSize() == 1) return buffer[0];
-  c10d::AllreduceOptions options;
-  options.reduceOp = op;
-  dist::run_collective(what, [&] { return group->allreduce(buffer, options); });
-  return buffer[0];
+  return dist::all_reduce(group, values, op, s.parameters.front().second.device(), what);
 }
 
 int64_t reduce_over(const TrainingState& s, const dist::Group& group, int64_t value, c10d::ReduceOp::RedOpType op) {
@@ -921,7 +915,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   state_.dp = world.size();
   state_.dp_rank = world.rank();
   state_.adamw = &optimizer;
-  state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0, -1, ""};
+  state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0, -1, "", ""};
   state_.share_snapshots = options_.share_snapshots && !elastic_from_env();
   snapshot_dir_ = snapshot_dir_from_env(world.rank());
   snapshot_every_ = snapshot_interval(options_.snapshot_every, snapshot_dir_);
