@@ -16,12 +16,16 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
 - SIGTERM to one machine's agent (a preemption notice): it leaves within its grace period,
   the others go on from the step the job had reached (no step lost), also under ZeRO,
   where the leaving machine first flushes its last step into the parity;
+- a worker process killed while its machine's agent lives on (the membership unchanged):
+  the job resumes from every rank's own snapshot, bucket layout included, and with dp=3
+  ends bit for bit equal to the uninterrupted run;
 - losing more machines than the redundancy covers falls back to the newest disk checkpoint,
   saying so;
 - with the store on its own (`trireme store`, --rdzv-external), node 0 is a machine like
   the others: killing it leaves the job running on nodes 1 and 2;
 - nothing is left behind: no worker process, no snapshot area."""
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -51,6 +55,18 @@ LOSS_TOLERANCE = 1e-4
 
 def children(pid):
     return processes_with(1, pid)
+
+
+def is_worker(pid):
+    """Whether pid is a training worker of the current generation (not a standby)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"__train-worker" not in f.read():
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"\0TRIREME_STANDBY=1\0" not in b"\0" + f.read()
+    except OSError:
+        return False
 
 
 def listdir(path):
@@ -290,6 +306,34 @@ class Elastic(ElasticBase):
         self.check_curve(out, ref, "store apart, node 0 killed at step >= 10", missing_allowed=1)
         store.send_signal(signal.SIGTERM)
         self.assertEqual(store.wait(timeout=30), 0)
+
+    def test_a_lost_worker_process_resumes_bit_for_bit(self):
+        # Elastic, but the membership stays: one worker is killed and its machine's agent
+        # lives on, so every rank finds its own snapshot of the chosen step, with its
+        # generators and gradient-bucket layout. With 3 replicas (where the buckets decide
+        # the order of the all-reduce's sums) the run is then the uninterrupted one bit for bit.
+        ref_dump = os.path.join(self.dir, "reference.params")
+        ref = self.reference(["--dump-params", ref_dump])
+        out = os.path.join(self.dir, "run")
+        dump = os.path.join(self.dir, "run.params")
+        port = free_port()
+        agents = [self.start(n, port, out, ["--dump-params", dump]) for n in range(3)]
+        kill_at = random.randint(5, STEPS // 2)
+        self.wait_for_step(out, kill_at, agents)
+        victims = [pid for pid in children(agents[1].pid) if is_worker(pid)]
+        self.assertEqual(len(victims), 1, "node 1's worker was not found")
+        os.kill(victims[0], signal.SIGKILL)
+        errs = self.finish(agents, [0, 1, 2])
+        resumes = [l for l in errs[0].splitlines() if "resumed at step" in l]
+        self.assertEqual(len(resumes), 1, errs[0][-3000:])
+        print(f"node 1's worker killed after step >= {kill_at}; {resumes[0].strip()}")
+        self.assertIn("from memory", resumes[0])
+        self.assertEqual([m["loss"] for m in metrics(out)], ref)
+        with open(ref_dump, "rb") as a, open(dump, "rb") as b:
+            self.assertTrue(a.read() == b.read(), "final parameters differ from the uninterrupted run "
+                            f"(max abs diff {max_abs_diff(read_params(ref_dump), read_params(dump)):.3g})")
+        self.assertEqual(workers_alive(self.marker), [])
+        self.assertEqual(os.listdir(self.areas), [])
 
     def test_preemption_notice(self):
         self.preempt([], "replicated state")

@@ -742,13 +742,27 @@ std::vector<Optimizer> gather_zero_state(const TrainingState& s, const std::vect
 
 }  // namespace
 
-int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
+namespace {
+
+// The newest step of this rank's own snapshots written by the current mesh (0: none).
+int64_t newest_own_step(const TrainingState& s, const std::vector<Source>& sources) {
+  int64_t newest = 0;
+  for (const Source& source : sources) {
+    if (!source.own || source.step <= newest) continue;
+    try {
+      if (Checkpoint::open(source.dir, /*verify_data=*/false).layout().mesh == s.layout.mesh) newest = source.step;
+    } catch (const CheckpointCorrupt&) {
+    }
+  }
+  return newest;
+}
+
+// load_from_memory() among the steps up to `bound`.
+int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>& sources, int64_t bound,
+                               std::string* from) {
   const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
-  TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
-  const std::vector<Source> sources = memory_sources(area, s.world->rank());
   // The newest step at which every data-parallel group has a rank whose node holds all of
   // its state: candidates from the newest down, agreed over the world.
-  int64_t bound = INT64_MAX;
   for (int attempt = 0; attempt < 8; ++attempt) {
     int64_t candidate = -1;
     for (const Source& source : sources)
@@ -837,10 +851,17 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
       for (size_t p = 0; p < s.parameters.size(); ++p)
         parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
     }
-    // This rank's own generator, when its own snapshot of the same mesh is here.
+    // This rank's own generators, when its own snapshot of the same mesh is here. The bucket
+    // layout too, but only when every rank has its own (a data-parallel group restores it
+    // on all of its ranks or none, see restore_rank_state): a job whose membership did not
+    // change, such as one that lost a worker process, then resumes bit for bit.
+    std::optional<Checkpoint> own;
     for (const Source& source : sources)
-      if (source.own && source.step == step)  // (not the buckets: a rank may lack its own snapshot)
-        restore_rank_state(s, Checkpoint::open(source.dir, /*verify_data=*/false), /*buckets=*/false);
+      if (!own && source.own && source.step == step) own = Checkpoint::open(source.dir, /*verify_data=*/false);
+    const std::string key = bucket_key(s);
+    const bool own_buckets = own && own->layout().mesh == s.layout.mesh && !key.empty() && own->has(key);
+    const bool buckets = world_min(s, own_buckets ? 1 : 0) == 1;
+    if (own) restore_rank_state(s, *own, buckets);
     if (from) {
       std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
       *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";
@@ -848,6 +869,22 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
     return step;
   }
   return 0;
+}
+
+}  // namespace
+
+int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
+  const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
+  TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
+  const std::vector<Source> sources = memory_sources(area, s.world->rank());
+  // When every rank holds its own snapshots of this mesh (the membership did not change:
+  // a worker was lost, not a machine), the newest step they all hold comes first, even if
+  // some node holds a newer one: every rank then restores its own generators and bucket
+  // layout, and the run goes on bit for bit (at the cost of redoing that one newer step).
+  const int64_t all_own = world_min(s, newest_own_step(s, sources));
+  if (all_own > 0)
+    if (const int64_t step = load_from_memory_up_to(s, sources, all_own, from)) return step;
+  return load_from_memory_up_to(s, sources, INT64_MAX, from);
 }
 
 namespace {

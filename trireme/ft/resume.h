@@ -117,7 +117,10 @@ int64_t load_snapshot(const TrainingState& state, const std::string& dir, bool* 
 // or rebuilt from parity): each old rank's pieces are read by one rank and broadcast, the
 // ranks of the same stage and tensor-parallel rank assemble their parameters' whole state
 // from them, and the new layout's pieces then take theirs. The generator state is restored where
-// this rank's own snapshot of the same mesh is found.
+// this rank's own snapshot of the same mesh is found. When every rank finds its own
+// snapshots of the same mesh (the membership did not change), the newest step they all
+// hold is chosen before any newer one, and the bucket layout is restored too: the run then
+// goes on bit for bit, as load_snapshot's does.
 // A collective. `from` names what served, for the log.
 int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from);
 // This rank's snapshot directory in the area the agent gives its workers
