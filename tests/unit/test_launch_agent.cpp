@@ -31,6 +31,7 @@ class MemoryChannel : public AgentChannel {
  public:
   std::function<void(const std::string&)> before_wait;  // e.g. throws, as a lost store does
   std::function<void(const std::string&)> after_set;    // looks at the agent at that moment
+  std::function<void(const std::string&)> before_compare_set;  // e.g. another agent gets there first
   void set(const std::string& key, const std::string& value) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -53,6 +54,7 @@ class MemoryChannel : public AgentChannel {
     return v;
   }
   std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override {
+    if (before_compare_set) before_compare_set(key);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = values_.find(key);
@@ -657,6 +659,79 @@ TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
   EXPECT_NE(retry.failure.find("waiting for the running job to take node 1"), std::string::npos) << retry.failure;
   EXPECT_EQ(channel.try_get(keys::kPending), "2");
   EXPECT_EQ(channel.try_get(keys::node(1)), "1");
+}
+
+// A joiner whose --join-timeout runs out just as a leader admits it: the admission came
+// first (one compare-and-set each), so it keeps its --node-rank and waits for the
+// membership instead of giving up (before, it gave its --node-rank back while the job
+// counted it a member, and a second agent could take the same --node-rank). Here the
+// admitting leader's decision does not stand (another's, without it, does): it then asks
+// again, and gives up when its time has run out.
+TEST(LaunchAgent, AJoinerAdmittedAsItGivesUpWaitsForTheMembership) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 2);
+  LaunchOptions o = one_node_left_options("exit 0", 1);
+  o.node_rank = 1;
+  o.join_timeout_s = 1;
+  channel.add(keys::lost(1), 1);
+  channel.add(keys::node(1), 1);
+  std::string pending_after_timeout, node_after_timeout;
+  std::thread leader([&] {
+    const auto start = Clock::now();
+    while (channel.try_get(keys::pending(1)) != "abc") std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    channel.compare_set(keys::pending(1), "abc", keys::admitted(1));  // admitted at restart 1
+    while (seconds_since(start) < 1.5) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pending_after_timeout = channel.try_get(keys::pending(1)).value_or("?");
+    node_after_timeout = channel.try_get(keys::node(1)).value_or("?");
+    channel.set(keys::restart_members(1), "0;0");  // the decision that stood left it out
+  });
+  const auto start = Clock::now();
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  leader.join();
+  EXPECT_GE(seconds_since(start), 1.4);  // it waited past its --join-timeout for the membership
+  EXPECT_EQ(pending_after_timeout, keys::admitted(1));  // not withdrawn
+  EXPECT_EQ(node_after_timeout, "2");                   // nor its --node-rank given back
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.failure.find("waiting for the running job to take node 1"), std::string::npos) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::kPending), "2");   // it asked again when left out,
+  EXPECT_EQ(channel.try_get(keys::pending(1)), "");  // then withdrew
+  EXPECT_EQ(channel.try_get(keys::node(1)), "1");    // with its --node-rank
+}
+
+// The other order: a joiner withdraws after the leader saw it ask but before it admits
+// it; the compare-and-set of the admission fails and the membership leaves it out.
+TEST(LaunchAgent, AJoinerThatWithdrewBeforeItsAdmissionIsLeftOut) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined, then got its preemption notice
+  channel.set(keys::left(1, 0), "1");
+  channel.set(keys::flushed(1, 0), "1");
+  LaunchOptions o = one_node_left_options(
+      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 2 ]; then exit 0; fi; exec sleep 30",
+      3);
+  o.join_timeout_s = 10;
+  channel.before_compare_set = [&](const std::string& key) {
+    if (key == keys::pending(1)) channel.set(keys::pending(1), "");  // it gives up just then
+  };
+  std::atomic<bool> stop{false};
+  std::thread replacement([&] {  // once generation 1 runs without node 1, its replacement asks in
+    if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
+    channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
+    channel.add(keys::kPending, 1);
+    for (int beat = 1; !stop; ++beat) {
+      channel.set(keys::alive(1), "replacement-" + std::to_string(beat));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  stop = true;
+  replacement.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::restart_members(2)), "0;0") << io.stderr_text();  // without node 1
+  EXPECT_NE(io.stdout_text().find("gen=2 world=1"), std::string::npos);
 }
 
 // A worker that exits and leaves a child behind in its process group (here a shell's

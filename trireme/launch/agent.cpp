@@ -550,8 +550,10 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   }
   std::vector<int> ended;  // old members whose agent is ending (keys::done)
   const auto now = Clock::now();
-  for (int id = 0; id < options_.nnodes; ++id)  // nodes asking to join
-    if (!contains(members_, id) && channel_.try_get(keys::pending(id)).value_or("") == run_id_) waiting.push_back(id);
+  for (int id = 0; id < options_.nnodes; ++id) {  // nodes asking to join (or admitted by a leader before this one)
+    const std::string request = channel_.try_get(keys::pending(id)).value_or("");
+    if (!contains(members_, id) && (request == run_id_ || request == keys::admitted(generation))) waiting.push_back(id);
+  }
   // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
   for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
   while (!waiting.empty()) {
@@ -597,6 +599,18 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
     if (!publish({})) return std::nullopt;
     publish_failure(failure);
     return LaunchResult{1, failure};
+  }
+  // A joiner is admitted by one compare-and-set of its request, which its giving up
+  // (join_running) races: whichever comes first stands, so a node that gave up is never a
+  // member, and one admitted keeps its --node-rank (it is lost at the recovery barrier if it
+  // went anyway). Leaders deciding the same generation admit with the same value.
+  for (auto it = states.begin(); it != states.end();) {
+    const std::string admitted = keys::admitted(generation);
+    if (it->second == NodeState::kJoining &&
+        channel_.compare_set(keys::pending(it->first), run_id_, admitted) != admitted)
+      it = states.erase(it);  // withdrawn
+    else
+      ++it;
   }
   const MembershipDecision d = decide_membership(members_, states, min_nodes(options_), options_.nnodes,
                                                  elastic(options_), options_.node_timeout_s);
@@ -842,14 +856,22 @@ std::optional<LaunchResult> Agent::join_running() {
   channel_.add(keys::kPending, 1);
   write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
-  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   // A node that gives up withdraws its request (a later restart's leader would otherwise
-  // wait for it as a joiner until --node-timeout) and its --node-rank.
-  const auto give_up = [&](LaunchResult result) {
+  // wait for it as a joiner until --node-timeout), by one compare-and-set that a leader's
+  // admission races (decide_members): true when the request was withdrawn, false when a
+  // leader admitted it first.
+  const auto withdraw_request = [&] {
     try {
-      channel_.set(keys::pending(options_.node_rank), "");
+      return channel_.compare_set(keys::pending(options_.node_rank), run_id_, "").empty();
     } catch (const Error&) {
+      return true;  // the store is gone: there is no job to join
     }
+  };
+  // ... and its --node-rank, unless it was admitted: the job then counts it a member, finds
+  // it lost at the recovery barrier, and a replacement may take the --node-rank after that.
+  const auto give_up = [&](LaunchResult result) {
+    if (!withdraw_request()) return result;
     return withdraw(std::move(result), /*counted=*/false);
   };
   while (true) {
@@ -869,13 +891,22 @@ std::optional<LaunchResult> Agent::join_running() {
       case WaitEnd::kFailure:
         return give_up({1, published_failure_ + "; " + node() + " did not join"});
       case WaitEnd::kTimeout:
-        return give_up({1, "timed out after " + std::to_string(options_.join_timeout_s) +
+        if (!withdraw_request()) {  // admitted just now: the membership that takes it follows
+          deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+          continue;
+        }
+        return withdraw({1, "timed out after " + std::to_string(options_.join_timeout_s) +
                                " s waiting for the running job to take " + node() +
                                " (it has --nnodes MAX nodes already, has no --max-restarts left, or it "
-                               "finished)"});
+                               "finished)"},
+                        /*counted=*/false);
     }
     const std::vector<int> members = member_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (members.empty()) return give_up({1, published_job_failure() + "; " + node() + " did not join"});
+    // Admitted by a leader whose decision did not stand: ask again.
+    if (!contains(members, options_.node_rank) &&
+        channel_.compare_set(keys::pending(options_.node_rank), keys::admitted(generation), run_id_) == run_id_)
+      channel_.add(keys::kPending, 1);
     if (contains(members, options_.node_rank)) {
       channel_.set(keys::pending(options_.node_rank), "");
       enter(generation, members);

@@ -66,7 +66,9 @@
 //   trireme/agents/nodeN    counter: agents that took --node-rank N; one more than
 //                           lost/N refuses the agent (an agent that gives up before it
 //                           is a member takes its add back, so a retry is not refused)
-//   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs)
+//   trireme/agents/pending/N  a node that asks to join the running job (elastic jobs): the
+//                           job's run id while it asks, "" once it withdrew, admitted(G)
+//                           once restart G's leader took it (one compare-and-set each)
 //   trireme/agents/pending  counter of such requests, which running agents watch
 //   trireme/end/G           counter deciding how generation G ends when its workers finish
 //                           on one node while another would restart it for a join: an
@@ -138,6 +140,8 @@ inline std::string flushed(int node, int64_t incarnation) {
 }
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
+// The value of pending/N once the leader of restart `generation` admitted node N.
+inline std::string admitted(int generation) { return "admitted at restart " + std::to_string(generation); }
 inline std::string node(int node) { return "trireme/agents/node" + std::to_string(node); }
 inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
 inline constexpr int64_t kFinished = int64_t{1} << 32;
