@@ -195,7 +195,7 @@ TEST(Snapshotter, MalformedEntriesAreSkipped) {
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{2, 1}));
   std::vector<std::string> skipped;
   const auto latest = Checkpoint::find_latest(area.path, &skipped);
-  ASSERT_TRUE(latest);
+  ASSERT_TRUE(latest) << (skipped.empty() ? "" : skipped[0] + (skipped.size() > 1 ? " | " + skipped[1] : ""));
   EXPECT_EQ(latest->step(), 2);
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_NE(skipped[0].find("field shape is not a list of integers"), std::string::npos) << skipped[0];
@@ -253,7 +253,8 @@ TEST(Snapshotter, NonContiguousPiecesAreCopiedInOrder) {
 }
 
 // Restoring reads a slice straight into the destination tensor, copying and checksumming in
-// one pass; a flipped byte is still caught, and other dtypes and boxes take the general path.
+// one pass (or only copying, when open() verified the data); a flipped byte is still caught,
+// and other dtypes and boxes take the general path.
 TEST(Snapshotter, ReadIntoFillsTheTensorInPlaceAndChecksTheCrc) {
   TempDir area;
   Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
@@ -275,6 +276,12 @@ TEST(Snapshotter, ReadIntoFillsTheTensorInPlaceAndChecksTheCrc) {
     c.read_into("w", {{3, 7}, {10, 5}}, part);
     EXPECT_TRUE(at::equal(part, weight.narrow(0, 3, 10).narrow(1, 7, 5)));
     EXPECT_THROW(c.read_into("w", {{0, 0}, {64, 33}}, at::zeros({33, 64})), trireme::InvalidArgument);
+    // Opened with verification, the reads copy without checking again, on both paths.
+    const Checkpoint verified = Checkpoint::open(dir, /*verify_data=*/true);
+    at::Tensor whole_copy = at::zeros({64, 33});
+    verified.read_into("w", {{0, 0}, {64, 33}}, whole_copy);
+    EXPECT_TRUE(at::equal(whole_copy, weight));
+    EXPECT_TRUE(at::equal(verified.read("w", {{3, 7}, {10, 5}}), weight.narrow(0, 3, 10).narrow(1, 7, 5)));
   }
   uint64_t offset = 0;
   for (const auto& slice : Checkpoint::open(dir, /*verify_data=*/false).slices())
@@ -289,6 +296,7 @@ TEST(Snapshotter, ReadIntoFillsTheTensorInPlaceAndChecksTheCrc) {
     ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
     ::close(fd);
   }
+  EXPECT_THROW(Checkpoint::open(dir, /*verify_data=*/true), trireme::CheckpointCorrupt);
   const Checkpoint damaged = Checkpoint::open(dir, /*verify_data=*/false);
   at::Tensor into = at::zeros({64, 33});
   try {

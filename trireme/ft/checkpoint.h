@@ -124,7 +124,8 @@ class Checkpoint {
   // Whether the slices of tensor `name` cover box `want` (from the manifest; no data read).
   bool covers(const std::string& name, const Box& want) const;
   // Box `want` of tensor `name`, assembled from the slices that intersect it (each one's
-  // CRC checked as it is read). Throws CheckpointCorrupt when the slices do not cover it,
+  // CRC checked as it is read, unless open() verified every slice already: the files of a
+  // committed checkpoint or snapshot do not change). Throws CheckpointCorrupt when the slices do not cover it,
   // InvalidArgument for an unknown tensor or a box outside it.
   at::Tensor read(const std::string& name, const Box& want) const;
   // The same, into `out` (of the box's shape; any dtype and device, converted). A slice
@@ -169,6 +170,7 @@ class Checkpoint {
   CheckpointLayout layout_;
   std::map<std::string, Tensor> tensors_;
   mutable std::map<std::string, std::shared_ptr<const Mapping>> mapped_;  // by file name
+  bool verified_ = false;  // every slice's CRC checked by open()
 };
 
 }  // namespace trireme::ft
