@@ -47,4 +47,8 @@ int simulate_main(const std::vector<std::string>& args);
 // Absolute path of the running `trireme` binary (for re-executing itself as a worker).
 std::string self_executable();
 
+// Prints a rendezvous-store retry (dist::WorldOptions::on_store_retry) as one line on
+// stderr: the workers of `trireme train` and `trireme profile` pass it.
+void report_store_retry(const std::string& note);
+
 }  // namespace trireme::cli

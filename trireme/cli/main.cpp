@@ -26,6 +26,8 @@ std::string self_executable() {
   return path;
 }
 
+void report_store_retry(const std::string& note) { std::fprintf(stderr, "trireme: %s\n", note.c_str()); }
+
 }  // namespace trireme::cli
 
 namespace {

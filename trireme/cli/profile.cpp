@@ -313,7 +313,9 @@ int profile_worker_main(const std::vector<std::string>& args) {
   parser.parse(args, /*allow_unknown=*/true);  // the launcher's flags are in args too
   finish_profile_options(&opt);
 
-  dist::World world = dist::World::from_env();
+  dist::WorldOptions world_options;
+  world_options.on_store_retry = report_store_retry;
+  dist::World world = dist::World::from_env(world_options);
   const int rank = world.rank();
   const bool leader = rank == 0;
   // One intra-op thread per rank unless the launcher says otherwise, as the trainer does.

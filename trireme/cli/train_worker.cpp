@@ -461,7 +461,7 @@ int train_worker_main(const std::vector<std::string>& args) {
 
   const dist::WorldInfo world_info = dist::world_info_from_env();
   dist::WorldOptions world_options;
-  world_options.on_store_retry = [](const std::string& note) { std::fprintf(stderr, "trireme: %s\n", note.c_str()); };
+  world_options.on_store_retry = report_store_retry;
   if (opt.device == "cuda") {
     world_options.group.backend = dist::BackendKind::kNccl;
     world_options.group.cuda_device = world_info.local_rank;  // as cuda_device() below

@@ -323,11 +323,7 @@ std::optional<int64_t> store_min(c10d::Store& store, const std::string& key, int
 
 // The element-wise minimum over the group.
 std::vector<int64_t> all_min(const dist::Group& group, const std::vector<int64_t>& values, const char* what) {
-  std::vector<at::Tensor> tensors{at::tensor(values, at::kLong)};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MIN;
-  dist::run_collective(what, [&] { return group->allreduce(tensors, options); });
-  const at::Tensor& t = tensors[0];
+  const at::Tensor t = dist::all_reduce(group, at::tensor(values, at::kLong), c10d::ReduceOp::MIN, at::kCPU, what);
   return {t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()};
 }
 

@@ -5,6 +5,7 @@
 
 #include "trireme/comm/shard.h"
 #include "trireme/common/error.h"
+#include "trireme/dist/backend.h"
 
 namespace trireme::parallel {
 
@@ -158,13 +159,7 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
   for (const at::Tensor& piece : pieces_) own.push_back(adamw_state(*adamw_, piece.unsafeGetTensorImpl()));
   for (size_t i = 0; i < layout_.size(); ++i)
     if (own[i].step > 0) steps[static_cast<int64_t>(layout_[i].param)] = own[i].step;
-  if (dp_.group()->getSize() > 1) {
-    std::vector<at::Tensor> buffer{steps.to(params.front().device())};
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
-    dist::run_collective("ZeRO step gather", [&] { return dp_.group()->allreduce(buffer, max); });
-    steps = buffer[0].cpu();
-  }
+  steps = dist::all_reduce(dp_.group(), steps, c10d::ReduceOp::MAX, params.front().device(), "ZeRO step gather").cpu();
   for (size_t p = 0; p < params.size(); ++p) {
     states[p].step = steps[static_cast<int64_t>(p)].item<int64_t>();
     states[p].exp_avg = at::zeros_like(params[p].detach());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "trireme/common/error.h"
+#include "trireme/dist/backend.h"
 #include "trireme/models/gpt.h"
 #include "trireme/obs/clock.h"
 #include "trireme/obs/memory.h"
@@ -526,10 +527,8 @@ void barrier(const dist::Group& group) {
 
 // The largest of each rank's values: what every rank decides from, so that they agree.
 std::vector<double> max_over_ranks(const dist::Group& group, const std::vector<double>& values) {
-  std::vector<at::Tensor> buffer{at::tensor(values, at::kDouble)};
-  dist::run_collective("profile calibration all-reduce",
-                       [&] { return group->allreduce(buffer, c10d::AllreduceOptions{c10d::ReduceOp::MAX}); });
-  const at::Tensor t = buffer[0].contiguous();
+  const at::Tensor t = dist::all_reduce(group, at::tensor(values, at::kDouble), c10d::ReduceOp::MAX, at::kCPU,
+                                        "profile calibration all-reduce");
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
