@@ -193,6 +193,15 @@ class TrainBadInput(unittest.TestCase):
         args[args.index("--steps") + 1] = "3"
         resumed = run([a for a in args if a != "--quiet"] + ["--resume", "--sample-tokens", "0"], timeout=120)
         self.assertIn("resumed at step 2", resumed.stderr)
+        # The same refusal for a new --out whose --checkpoint-dir is the earlier run's: the
+        # directories made for the new run are gone again.
+        fresh = os.path.join(temp_dir(), "new", "run")
+        moved = list(args)
+        moved[moved.index("--out") + 1] = fresh
+        proc = run(moved + ["--checkpoint-dir", os.path.join(out, "checkpoints")], check=False, timeout=60)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("already holds an earlier run's checkpoints", proc.stderr)
+        self.assertFalse(os.path.exists(os.path.dirname(fresh)), "the refused run left its --out behind")
 
     def test_port_in_use(self):
         with socket.socket() as s:

@@ -25,6 +25,29 @@ constexpr const char* kTrainHelp =
     "timeline.svg, loss.svg and run.json (draw the pipeline: trireme report DIR), and prints\n"
     "a generated sample at the end when one rank holds the whole model.\n";
 
+// The outermost directory of `dir` (itself or an ancestor) that does not exist yet; "" when
+// `dir` exists.
+std::filesystem::path first_missing(const std::string& dir) {
+  std::filesystem::path missing;
+  std::error_code error;
+  for (auto p = std::filesystem::absolute(dir, error); !error && !p.empty() && !std::filesystem::exists(p, error);
+       p = p.parent_path()) {
+    missing = p;
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
+// Removes the empty directories from `dir` up to `top` (made by check_output_dir for a run
+// that was then refused): a refusal leaves nothing behind.
+void remove_empty_dirs(const std::string& dir, const std::filesystem::path& top) {
+  if (top.empty()) return;
+  std::error_code error;
+  for (auto p = std::filesystem::absolute(dir, error); !error && p.string().size() >= top.string().size();
+       p = p.parent_path())
+    if (!std::filesystem::is_empty(p, error) || error || !std::filesystem::remove(p, error)) return;
+}
+
 void check_output_dir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
@@ -104,9 +127,17 @@ int train_main(const std::vector<std::string>& args) {
     launch_options.before_founding = [&opt] { check_no_earlier_checkpoints(opt); };
   // After every refusal made here, so that these leave no directory; the refusal of a fresh
   // run among earlier checkpoints (before_founding) comes later, inside launch().
+  const std::filesystem::path made = first_missing(opt.out);
   check_output_dir(opt.out);
 
-  const launch::LaunchResult result = launch::launch(launch_options);
+  launch::LaunchResult result;
+  try {
+    result = launch::launch(launch_options);
+  } catch (const Error&) {  // refused (before_founding, the rendezvous): no empty --out left
+    remove_empty_dirs(opt.out, made);
+    throw;
+  }
+  if (result.exit_code != 0) remove_empty_dirs(opt.out, made);
   if (!result.failure.empty()) std::fprintf(stderr, "trireme train: %s\n", result.failure.c_str());
   return result.exit_code;
 }
