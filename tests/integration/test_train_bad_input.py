@@ -197,7 +197,7 @@ class TrainBadInput(unittest.TestCase):
         # directories made for the new run are gone again.
         fresh = os.path.join(temp_dir(), "new", "run")
         moved = list(args)
-        moved[moved.index("--out") + 1] = fresh
+        moved[moved.index("--out") + 1] = fresh + "/"  # (a trailing separator too)
         proc = run(moved + ["--checkpoint-dir", os.path.join(out, "checkpoints")], check=False, timeout=60)
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("already holds an earlier run's checkpoints", proc.stderr)

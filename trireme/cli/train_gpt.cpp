@@ -1,6 +1,7 @@
 // `trireme train gpt`: checks every flag it can before any process starts, then launches
 // its own ranks through the launcher, each running `trireme __train-worker gpt ARGS` with
 // the same arguments (train_worker.cpp).
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -25,13 +26,22 @@ constexpr const char* kTrainHelp =
     "timeline.svg, loss.svg and run.json (draw the pipeline: trireme report DIR), and prints\n"
     "a generated sample at the end when one rank holds the whole model.\n";
 
+// `dir` as the directories it names: absolute, symbolic links and ".." of the part that
+// exists resolved, no trailing separator ("" when that fails).
+std::filesystem::path resolved(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, error), error);
+  if (error) return {};
+  if (p.filename().empty()) p = p.parent_path();
+  return p;
+}
+
 // The outermost directory of `dir` (itself or an ancestor) that does not exist yet; "" when
 // `dir` exists.
 std::filesystem::path first_missing(const std::string& dir) {
   std::filesystem::path missing;
   std::error_code error;
-  for (auto p = std::filesystem::absolute(dir, error); !error && !p.empty() && !std::filesystem::exists(p, error);
-       p = p.parent_path()) {
+  for (auto p = resolved(dir); !p.empty() && !std::filesystem::exists(p, error) && !error; p = p.parent_path()) {
     missing = p;
     if (p == p.parent_path()) break;
   }
@@ -43,9 +53,10 @@ std::filesystem::path first_missing(const std::string& dir) {
 void remove_empty_dirs(const std::string& dir, const std::filesystem::path& top) {
   if (top.empty()) return;
   std::error_code error;
-  for (auto p = std::filesystem::absolute(dir, error); !error && p.string().size() >= top.string().size();
-       p = p.parent_path())
-    if (!std::filesystem::is_empty(p, error) || error || !std::filesystem::remove(p, error)) return;
+  for (auto p = resolved(dir); !p.empty(); p = p.parent_path()) {
+    if (std::mismatch(top.begin(), top.end(), p.begin(), p.end()).first != top.end()) return;  // not inside `top`
+    if (!std::filesystem::is_empty(p, error) || error || !std::filesystem::remove(p, error) || p == top) return;
+  }
 }
 
 void check_output_dir(const std::string& dir) {

@@ -855,9 +855,11 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
     // layout too, but only when every rank has its own (a data-parallel group restores it
     // on all of its ranks or none, see restore_rank_state): a job whose membership did not
     // change, such as one that lost a worker process, then resumes bit for bit.
-    std::optional<Checkpoint> own;
+    // (From `opened`: verified, so that a damaged one fails no rank alone after the vote.)
+    const Checkpoint* own = nullptr;
     for (const Source& source : sources)
-      if (!own && source.own && source.step == step) own = Checkpoint::open(source.dir, /*verify_data=*/false);
+      for (const Checkpoint& c : opened)
+        if (!own && source.own && source.step == step && c.dir() == source.dir) own = &c;
     const std::string key = bucket_key(s);
     const bool own_buckets = own && own->layout().mesh == s.layout.mesh && !key.empty() && own->has(key);
     const bool buckets = world_min(s, own_buckets ? 1 : 0) == 1;

@@ -858,22 +858,36 @@ std::optional<LaunchResult> Agent::join_running() {
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
   auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   // A node that gives up withdraws its request (a later restart's leader would otherwise
-  // wait for it as a joiner until --node-timeout), by one compare-and-set that a leader's
-  // admission races (decide_members): true when the request was withdrawn, false when a
-  // leader admitted it first.
-  const auto withdraw_request = [&] {
+  // wait for it as a joiner until --node-timeout), by compare-and-set, which a leader's
+  // admission races (decide_members). True when withdrawn; false when a leader admitted it
+  // and the published membership takes it, or (unless `final`) is still to come. An
+  // admission whose membership left it out (another leader's decision stood) or, when
+  // `final`, never came is withdrawn from.
+  const std::string request = keys::pending(options_.node_rank);
+  const auto withdraw_request = [&](bool final) {
     try {
-      return channel_.compare_set(keys::pending(options_.node_rank), run_id_, "").empty();
+      std::string expected = run_id_;
+      for (int attempt = 0; attempt < 8; ++attempt) {
+        const std::string now = channel_.compare_set(request, expected, "");
+        if (now.empty()) return true;
+        if (const int at = keys::admitted_at(now)) {
+          const auto published = channel_.try_get(keys::restart_members(at));
+          if (published ? contains(member_ids(*published), options_.node_rank) : !final) return false;
+        }
+        expected = now;
+      }
+      return true;
     } catch (const Error&) {
       return true;  // the store is gone: there is no job to join
     }
   };
-  // ... and its --node-rank, unless it was admitted: the job then counts it a member, finds
-  // it lost at the recovery barrier, and a replacement may take the --node-rank after that.
+  // ... and its --node-rank, unless a membership takes it: the job then counts it a member,
+  // finds it lost at the recovery barrier, and a replacement may take the --node-rank then.
   const auto give_up = [&](LaunchResult result) {
-    if (!withdraw_request()) return result;
+    if (!withdraw_request(/*final=*/true)) return result;
     return withdraw(std::move(result), /*counted=*/false);
   };
+  bool waited_for_admission = false;
   while (true) {
     WaitEnd end;
     try {
@@ -891,7 +905,10 @@ std::optional<LaunchResult> Agent::join_running() {
       case WaitEnd::kFailure:
         return give_up({1, published_failure_ + "; " + node() + " did not join"});
       case WaitEnd::kTimeout:
-        if (!withdraw_request()) {  // admitted just now: the membership that takes it follows
+        // Admitted just now: the membership that takes it follows (within one more
+        // --join-timeout, or the leader died and no other took over).
+        if (!withdraw_request(/*final=*/waited_for_admission)) {
+          waited_for_admission = true;
           deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
           continue;
         }
@@ -904,8 +921,8 @@ std::optional<LaunchResult> Agent::join_running() {
     const std::vector<int> members = member_ids(channel_.try_get(keys::restart_members(generation)).value_or(""));
     if (members.empty()) return give_up({1, published_job_failure() + "; " + node() + " did not join"});
     // Admitted by a leader whose decision did not stand: ask again.
-    if (!contains(members, options_.node_rank) &&
-        channel_.compare_set(keys::pending(options_.node_rank), keys::admitted(generation), run_id_) == run_id_)
+    if (!contains(members, options_.node_rank) && channel_.try_get(request) == keys::admitted(generation) &&
+        channel_.compare_set(request, keys::admitted(generation), run_id_) == run_id_)
       channel_.add(keys::kPending, 1);
     if (contains(members, options_.node_rank)) {
       channel_.set(keys::pending(options_.node_rank), "");

@@ -141,7 +141,19 @@ inline std::string flushed(int node, int64_t incarnation) {
 inline std::string lost(int node) { return "trireme/agents/lost/" + std::to_string(node); }
 inline std::string pending(int node) { return "trireme/agents/pending/" + std::to_string(node); }
 // The value of pending/N once the leader of restart `generation` admitted node N.
-inline std::string admitted(int generation) { return "admitted at restart " + std::to_string(generation); }
+inline constexpr const char* kAdmittedPrefix = "admitted at restart ";
+inline std::string admitted(int generation) { return kAdmittedPrefix + std::to_string(generation); }
+// The restart whose leader admitted the node, from pending/N's value (0: not admitted).
+inline int admitted_at(const std::string& value) {
+  const std::string prefix = kAdmittedPrefix;
+  if (value.rfind(prefix, 0) != 0 || value.size() == prefix.size() || value.size() > prefix.size() + 9) return 0;
+  int generation = 0;
+  for (size_t i = prefix.size(); i < value.size(); ++i) {
+    if (value[i] < '0' || value[i] > '9') return 0;
+    generation = generation * 10 + (value[i] - '0');
+  }
+  return generation;
+}
 inline std::string node(int node) { return "trireme/agents/node" + std::to_string(node); }
 inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
 inline constexpr int64_t kFinished = int64_t{1} << 32;
