@@ -493,12 +493,9 @@ TEST(LaunchAgent, ALaterClaimerAnnouncesARestartTheFirstDidNot) {
   }
 }
 
-// A replacement for a machine that left on a preemption notice joins under its
-// --node-rank; the leave was the old machine's, not the replacement's (before, the leader
-// filed the joiner as left: it spent a restart without it, and the joiner waited in vain).
-TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
-  MemoryChannel channel;
-  CapturedIo io;
+// Node 0 of an elastic job whose node 1 left on a preemption notice: generation 1 runs
+// without it, and generation 2 (once a replacement asks in) finishes at once.
+LaunchOptions after_node_1_left(MemoryChannel& channel) {
   channel.add(keys::kJoined, 1);  // node 1 joined, then got its preemption notice
   channel.set(keys::left(1, 0), "1");
   channel.set(keys::flushed(1, 0), "1");
@@ -507,6 +504,16 @@ TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
       "if [ $TORCHELASTIC_RESTART_COUNT = 2 ]; then exit 0; fi; exec sleep 30",
       3);
   o.join_timeout_s = 10;
+  return o;
+}
+
+// A replacement for a machine that left on a preemption notice joins under its
+// --node-rank; the leave was the old machine's, not the replacement's (before, the leader
+// filed the joiner as left: it spent a restart without it, and the joiner waited in vain).
+TEST(LaunchAgent, AReplacementForAPreemptedNodeJoins) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const LaunchOptions o = after_node_1_left(channel);
   std::atomic<bool> stop{false};
   std::thread replacement([&] {  // once generation 1 runs without node 1, its replacement asks in
     if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
@@ -639,9 +646,9 @@ TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
 
 // A node that gives up waiting to join withdraws its request (a later restart's leader
 // would wait for it as a joiner until --node-timeout).
-TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
-  MemoryChannel channel;
-  CapturedIo io;
+// A replacement for node 1 of a job of run id "abc" that runs with its 2 nodes (node 1
+// was dropped), asking to join with a --join-timeout of 1 s.
+LaunchOptions replacement_for_node_1(MemoryChannel& channel) {
   channel.set(keys::kRunId, "abc");
   channel.add(keys::kJoined, 2);  // the job runs with its 2 nodes
   LaunchOptions o = one_node_left_options("exit 0", 1);
@@ -649,6 +656,13 @@ TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
   o.join_timeout_s = 1;
   channel.add(keys::lost(1), 1);  // node 1 was dropped: this is its replacement
   channel.add(keys::node(1), 1);  // (the machine it replaces)
+  return o;
+}
+
+TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const LaunchOptions o = replacement_for_node_1(channel);
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.failure.find("waiting for the running job to take node 1"), std::string::npos) << result.failure;
@@ -672,13 +686,7 @@ TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
 TEST(LaunchAgent, AJoinerAdmittedAsItGivesUpWaitsForTheMembership) {
   MemoryChannel channel;
   CapturedIo io;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 2);
-  LaunchOptions o = one_node_left_options("exit 0", 1);
-  o.node_rank = 1;
-  o.join_timeout_s = 1;
-  channel.add(keys::lost(1), 1);
-  channel.add(keys::node(1), 1);
+  const LaunchOptions o = replacement_for_node_1(channel);
   // Compare-and-sets of its request: the first is the admission below, the second the
   // joiner's try to withdraw once its --join-timeout ran out.
   std::promise<void> tried_to_withdraw;
@@ -713,13 +721,7 @@ TEST(LaunchAgent, AJoinerAdmittedAsItGivesUpWaitsForTheMembership) {
 TEST(LaunchAgent, ALateAdmissionDoesNotHoldTheJoiner) {
   MemoryChannel channel;
   CapturedIo io;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 2);
-  LaunchOptions o = one_node_left_options("exit 0", 1);
-  o.node_rank = 1;
-  o.join_timeout_s = 1;
-  channel.add(keys::lost(1), 1);
-  channel.add(keys::node(1), 1);
+  const LaunchOptions o = replacement_for_node_1(channel);
   channel.set(keys::restart_members(1), "0;0");  // restart 1 was decided without it
   std::thread stale_leader([&] {
     while (channel.try_get(keys::pending(1)) != "abc") std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -738,14 +740,7 @@ TEST(LaunchAgent, ALateAdmissionDoesNotHoldTheJoiner) {
 TEST(LaunchAgent, AJoinerThatWithdrewBeforeItsAdmissionIsLeftOut) {
   MemoryChannel channel;
   CapturedIo io;
-  channel.add(keys::kJoined, 1);  // node 1 joined, then got its preemption notice
-  channel.set(keys::left(1, 0), "1");
-  channel.set(keys::flushed(1, 0), "1");
-  LaunchOptions o = one_node_left_options(
-      "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
-      "if [ $TORCHELASTIC_RESTART_COUNT = 2 ]; then exit 0; fi; exec sleep 30",
-      3);
-  o.join_timeout_s = 10;
+  const LaunchOptions o = after_node_1_left(channel);
   channel.before_compare_set = [&](const std::string& key) {
     if (key == keys::pending(1)) channel.set(keys::pending(1), "");  // it gives up just then
   };
