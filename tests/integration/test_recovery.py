@@ -283,17 +283,21 @@ class Recovery(SnapshotAreaTest):
     def test_restart_across_two_agents(self):
         """Two agents (emulated machines, one worker each) on one rendezvous: the worker
         of node 1 dies inside a snapshot; node 1's agent asks for a new generation, node
-        0's stops its worker too, they meet in the store and both restart; bitwise."""
+        0's stops its worker too, they meet in the store and both restart; bitwise. Node
+        1's clock runs 30 s ahead (TRIREME_TEST_CLOCK_SKEW_US): the recovery report, which
+        rank 0 makes on node 0 from moments that node 1 saw, still adds up (before, its
+        phases were off by the skew, e.g. "membership -29950 ms")."""
         ref_params, ref_losses = self.reference(2, ["--dp", "2"])
         port = free_port()
         out = os.path.join(self.dir, "two-agents")
         dump = out + ".params"
         env = dict(os.environ, OMP_NUM_THREADS="1", TRIREME_TEST_KILL_IN_SNAPSHOT="1:9")
+        skewed = dict(env, TRIREME_TEST_CLOCK_SKEW_US="30000000")
         agents = [subprocess.Popen(
             [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
              "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "1", "--snapshot-every", "1",
              "--snapshot-overhead", "0", "--dp", "2", "--steps", str(STEPS), "--out", out,
-             "--dump-params", dump, "--quiet"] + MODEL, env=env, stdout=subprocess.PIPE,
+             "--dump-params", dump] + MODEL, env=skewed if node == 1 else env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True) for node in (0, 1)]
         for agent in agents:
             self.addCleanup(stop, agent)
@@ -310,6 +314,9 @@ class Recovery(SnapshotAreaTest):
               f"final parameters bitwise equal: {raw(dump) == ref_params}")
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
         self.assertEqual(raw(dump), ref_params)
+        self.check_recovery_report(errs[0], metrics(out))
+        total = int(REPORT.search(errs[0]).group(1))
+        self.assertLess(total, 20000, "the report counted the 30 s between the machines' clocks")
 
 
 if __name__ == "__main__":

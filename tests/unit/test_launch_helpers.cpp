@@ -14,6 +14,7 @@
 #include "trireme/launch/launcher.h"
 #include "trireme/launch/output.h"
 #include "trireme/launch/process.h"
+#include "trireme/launch/restart_clock.h"
 #include "trireme/launch/worker_env.h"
 
 using namespace trireme::launch;
@@ -71,6 +72,7 @@ TEST(LaunchEnv, TorchrunVariablesForSecondNode) {
   EXPECT_EQ(value_of(env, "WORLD_SIZE"), "6");
   EXPECT_EQ(value_of(env, "LOCAL_WORLD_SIZE"), "2");
   EXPECT_EQ(value_of(env, "GROUP_RANK"), "1");
+  EXPECT_EQ(value_of(env, "TRIREME_NODE_RANK"), "1");
   EXPECT_EQ(value_of(env, "ROLE_RANK"), "3");
   EXPECT_EQ(value_of(env, "ROLE_WORLD_SIZE"), "6");
   EXPECT_EQ(value_of(env, "MASTER_ADDR"), "10.0.0.1");
@@ -226,4 +228,29 @@ TEST(LaunchProcess, ChildEndedLeavesTheChildToReapWithWaitpidsStatus) {
               std::string(script) == "exit 3" ? "exited with code 3" : "was killed by signal 9 (SIGKILL)");
     EXPECT_FALSE(child_ended(p.pid, &status)) << script;  // reaped
   }
+}
+
+// A restart's moments are published on the clocks of the machines that saw them; a worker
+// puts them on its own machine's clock through every agent's reading of one event, the
+// opening of the recovery barrier.
+TEST(RestartClock, StampsMoveByTheDifferenceOfTheReadingsOfTheBarrier) {
+  EXPECT_EQ(format_stamp(1712345678901234.0, 2), "1712345678901234 2");
+  const auto stamp = parse_stamp("1712345678901234 2");
+  ASSERT_TRUE(stamp);
+  EXPECT_EQ(stamp->us, 1712345678901234.0);
+  EXPECT_EQ(stamp->node, 2);
+  const auto bare = parse_stamp("123");  // as written before node ids were added
+  ASSERT_TRUE(bare);
+  EXPECT_EQ(bare->node, -1);
+  EXPECT_FALSE(parse_stamp(""));
+  EXPECT_FALSE(parse_stamp("12 x"));
+  EXPECT_FALSE(parse_stamp("12 3 4"));
+  // Node 1's clock runs 30 s ahead of node 0's: it saw the barrier open at 30,001,000 on
+  // its clock when node 0 saw it at 1,000 on its own.
+  const std::map<int, double> barrier_seen{{0, 1000.0}, {1, 30001000.0}};
+  EXPECT_EQ(on_clock_of(0, {30000500.0, 1}, barrier_seen), 500.0);  // node 1's failure, on node 0's clock
+  EXPECT_EQ(on_clock_of(0, {700.0, 0}, barrier_seen), 700.0);        // node 0's own: unchanged
+  EXPECT_EQ(on_clock_of(1, {700.0, 0}, barrier_seen), 30000700.0);
+  EXPECT_EQ(on_clock_of(0, {900.0, 2}, barrier_seen), 900.0);  // no reading of node 2: as written
+  EXPECT_EQ(on_clock_of(-1, {900.0, 1}, barrier_seen), 900.0);  // a worker that does not know its node
 }

@@ -6,11 +6,14 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <mutex>
 #include <sstream>
 
 #include "trireme/common/error.h"
 #include "trireme/launch/agent_channel.h"
+#include "trireme/launch/restart_clock.h"
 #include "trireme/launch/standby.h"
 
 namespace trireme::dist {
@@ -283,11 +286,26 @@ std::optional<World::RestartTimes> World::restart_times() const {
                                       launch::keys::restart_resume(g)};
   try {
     if (!base_store_->check(keys)) return std::nullopt;
-    std::string text;
-    for (const auto& key : keys) text += text_at(base_store_, key) + " ";
+    std::vector<launch::Stamp> stamps;
+    for (const auto& key : keys) {
+      const auto stamp = launch::parse_stamp(text_at(base_store_, key));
+      if (!stamp) return std::nullopt;
+      stamps.push_back(*stamp);
+    }
+    // Each moment on this machine's clock, from the agents' readings of the barrier's
+    // opening (launch/restart_clock.h): the agent's node id is TRIREME_NODE_RANK.
+    const char* node_text = std::getenv("TRIREME_NODE_RANK");
+    const int own = node_text ? std::atoi(node_text) : -1;
+    std::map<int, double> barrier_seen;
+    for (int node : {own, stamps[0].node, stamps[1].node, stamps[2].node}) {
+      const std::string key = launch::keys::restart_clock(g, node);
+      if (node < 0 || barrier_seen.count(node) > 0 || !base_store_->check({key})) continue;
+      if (const auto seen = launch::parse_stamp(text_at(base_store_, key))) barrier_seen[node] = seen->us;
+    }
     RestartTimes out;
-    std::istringstream in(text);
-    if (!(in >> out.failure_seen_us >> out.members_decided_us >> out.recovered_us)) return std::nullopt;
+    out.failure_seen_us = launch::on_clock_of(own, stamps[0], barrier_seen);
+    out.members_decided_us = launch::on_clock_of(own, stamps[1], barrier_seen);
+    out.recovered_us = launch::on_clock_of(own, stamps[2], barrier_seen);
     return out;
   } catch (const std::exception&) {
     return std::nullopt;  // a store that cannot say: unknown

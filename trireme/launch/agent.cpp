@@ -32,10 +32,12 @@
 #include <vector>
 
 #include "trireme/common/error.h"
+#include "trireme/obs/clock.h"
 #include "trireme/launch/exit_status.h"
 #include "trireme/launch/membership.h"
 #include "trireme/launch/output.h"
 #include "trireme/launch/process.h"
+#include "trireme/launch/restart_clock.h"
 #include "trireme/launch/standby.h"
 #include "trireme/launch/worker_env.h"
 
@@ -72,9 +74,7 @@ constexpr int kDrainReads = 16;
 // what other processes, and machines with synchronised clocks, can compare.
 int64_t wall_us(Clock::time_point when) {
   const auto ago = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - when);
-  const auto now = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::system_clock::now().time_since_epoch());
-  return (now - ago).count();
+  return static_cast<int64_t>(obs::wall_us()) - ago.count();  // (obs's: its test skew too)
 }
 
 std::string join_ids(const std::vector<int>& ids) {
@@ -447,7 +447,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
     // it is not announced yet: the first may have died between its claim and its set.
     if (cause.ending != Ending::kRemoteRestart) {
       if (channel_.add(keys::restart_claimed(generation), 1) == 1) {
-        channel_.set(keys::restart_seen(generation), std::to_string(wall_us(failure_seen_)));
+        channel_.set(keys::restart_seen(generation), format_stamp(wall_us(failure_seen_), options_.node_rank));
         channel_.set(keys::restart(generation), cause.what);
       } else if (!channel_.try_get(keys::restart(generation))) {
         channel_.set(keys::restart(generation), cause.what);
@@ -626,7 +626,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   // which this agent reaches after these, and by joiners, which step past a generation
   // whose membership leaves them out. (The dropped nodes' lost/N: take_members.)
   channel_.set(keys::kGeneration, std::to_string(generation));
-  channel_.set(keys::restart_decided(generation), std::to_string(decided_us));
+  channel_.set(keys::restart_decided(generation), format_stamp(decided_us, options_.node_rank));
   if (!d.why_dropped.empty())
     write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   return std::nullopt;
@@ -676,7 +676,7 @@ void Agent::enter(int generation, const std::vector<int>& members) {
 // with lost_at_barrier_ set, and run() restarts again without it.
 std::optional<LaunchResult> Agent::await_recovery(int generation) {
   if (channel_.add(keys::restart_recovered(generation), 1) == static_cast<int64_t>(members_.size()))
-    channel_.set(keys::restart_resume(generation), std::to_string(wall_us(Clock::now())));
+    channel_.set(keys::restart_resume(generation), format_stamp(wall_us(Clock::now()), options_.node_rank));
   const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   while (true) {
     const WaitEnd end = wait_key(keys::restart_resume(generation),
@@ -684,6 +684,8 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
     switch (end) {
       case WaitEnd::kSet:
         recovered_ = Clock::now();
+        // This machine's clock at the opening, for the workers' report (restart_clock.h).
+        channel_.set(keys::restart_clock(generation, options_.node_rank), std::to_string(wall_us(recovered_)));
         restart_unreported_ = position_ == 0 && failure_seen_ != Clock::time_point{};
         return std::nullopt;
       case WaitEnd::kSignal:

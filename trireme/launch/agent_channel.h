@@ -18,9 +18,10 @@
 //   trireme/restart/G/claimed  counter; the agent whose add makes it 1 (the first to claim
 //                           the restart) sets restart/G/seen and restart/G; a later one
 //                           sets restart/G if it is still unset (the first may have died)
-//   trireme/restart/G/seen  wall-clock microseconds since the epoch at which that agent saw
-//                           the failure (set just before restart/G); the restarted workers
-//                           report their recovery from it (dist::World::restart_times)
+//   trireme/restart/G/seen  "US NODE": wall-clock microseconds since the epoch, on node
+//                           NODE's clock, at which that agent saw the failure (set just
+//                           before restart/G); the restarted workers report their
+//                           recovery from it (dist::World::restart_times, restart_clock.h)
 //   trireme/restart/G/reported  set by a restarted worker that reports the recovery itself,
 //                           to the millisecond (trireme train); the agents then leave out
 //                           their own line, timed by their 200 ms poll
@@ -29,8 +30,8 @@
 //   trireme/restart/G/silent  set before restart/G when the restart is for a member whose
 //                           heartbeat stopped: workers get a short grace (they cannot
 //                           finish a step whose collectives wait on that machine)
-//   trireme/restart/G/decided  wall-clock microseconds at which the leader decided the
-//                           membership (set just before restart/G/members)
+//   trireme/restart/G/decided  "US NODE": when the leader decided the membership (set just
+//                           before restart/G/members)
 //   trireme/restart/G/members  "IDS;LEADER": the node ids of generation G ("0,2;0"), set
 //                           by the first agent to check in (the leader) once every member
 //                           of G-1 has checked in, left, or been lost; IDS is empty when too
@@ -49,8 +50,10 @@
 //   trireme/restart/G/lead/A/claimed  counter (A >= 1): the agent whose add makes it 1
 //                           leads attempt A
 //   trireme/restart/G/recovered  counter: members that finished recovering their snapshots;
-//                           the last sets restart/G/resume (to the wall-clock microseconds
-//                           at which it did), and then workers start
+//                           the last sets restart/G/resume ("US NODE": when it did), and
+//                           then workers start
+//   trireme/restart/G/clock/N  agent N's wall clock when it saw restart/G/resume set: the
+//                           machines' clock offsets, for the workers' report
 //                           (while waiting, a member whose heartbeat went silent for
 //                           --node-timeout makes the others restart without it)
 //   trireme/job/KEY         a worker's value for the whole job, across restarts
@@ -125,6 +128,10 @@ inline std::string restart_lead_claimed(int generation, int attempt) {
 }
 inline std::string restart_recovered(int generation) { return restart(generation) + "/recovered"; }
 inline std::string restart_resume(int generation) { return restart(generation) + "/resume"; }
+// Agent N's wall clock when it saw restart G's barrier open (restart_clock.h).
+inline std::string restart_clock(int generation, int node) {
+  return restart(generation) + "/clock/" + std::to_string(node);
+}
 inline constexpr const char* kGeneration = "trireme/generation";
 inline std::string job_value(const std::string& key) { return "trireme/job/" + key; }
 inline constexpr const char* kPending = "trireme/agents/pending";

@@ -7,6 +7,7 @@ target_sources(trireme_core PRIVATE
   trireme/launch/options.cpp
   trireme/launch/output.cpp
   trireme/launch/process.cpp
+  trireme/launch/restart_clock.cpp
   trireme/launch/standby.cpp
   trireme/launch/worker_env.cpp)
 target_sources(trireme PRIVATE

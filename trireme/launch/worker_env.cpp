@@ -44,6 +44,7 @@ EnvVars torchrun_variables(const LaunchOptions& options, int local_rank, const J
   };
   if (job.tty) vars.emplace_back("TRIREME_TTY", "1");
   if (elastic(options)) vars.emplace_back("TRIREME_ELASTIC", "1");
+  vars.emplace_back("TRIREME_NODE_RANK", std::to_string(options.node_rank));  // the agent's --node-rank
   if (!job.snapshot_dir.empty()) vars.emplace_back("TRIREME_SNAPSHOT_DIR", job.snapshot_dir);
   return vars;
 }

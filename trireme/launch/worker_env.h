@@ -4,7 +4,8 @@
 // programs written for torchrun run unchanged; OMP_NUM_THREADS=1 unless already set (as
 // torchrun does when it starts several workers per node); TRIREME_TTY=1 when the
 // launcher's stderr is a terminal; TRIREME_ELASTIC=1 in an elastic job (--nnodes MIN:MAX,
-// whose world size changes between generations); TRIREME_SNAPSHOT_DIR, the directory in shared memory
+// whose world size changes between generations); TRIREME_NODE_RANK, the agent's
+// --node-rank (which restart_clock.h's readings are keyed by); TRIREME_SNAPSHOT_DIR, the directory in shared memory
 // (/dev/shm) that the agent owns for the workers' snapshots: it outlives the workers and
 // is removed when the job ends; glibc malloc's MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
 // and MALLOC_TOP_PAD_ (host_allocator_variables) unless the launcher's environment sets any
