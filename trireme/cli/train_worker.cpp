@@ -621,7 +621,19 @@ int train_worker_main(const std::vector<std::string>& args) {
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
   obs::Timeline timeline(rank);
-  const ClockMap clock;
+  ClockMap clock;
+  // Across machines, the timeline is kept on rank 0's clock: each rank's wall clock read
+  // as a barrier ends (within a message's latency everywhere) against rank 0's reading
+  // gives its clock's offset, which a skew between machines would otherwise add to the
+  // trace and to `trireme report`'s bubble.
+  if (world.info().spans_machines()) {
+    dist::run_collective("clock barrier", [&] { return world.group()->barrier(); });
+    const double mine = obs::wall_us();
+    const at::Tensor reading = at::tensor({rank == 0 ? mine : 0.0}, at::kDouble);
+    clock.offset -= mine - dist::all_reduce(world.group(), reading, c10d::ReduceOp::SUM, device, "clock reading")
+                               .cpu()
+                               .item<double>();
+  }
   const int64_t trace_first = opt.steps > 1 ? 1 : 0;  // skip the warm-up step
   const int64_t trace_last = trace_first + opt.trace_steps;
   const int64_t tokens_per_step = opt.batch * opt.model.seq_len;

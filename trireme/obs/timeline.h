@@ -11,7 +11,8 @@
 //   timeline.svg   the same spans as a picture, one row per rank and lane
 //   timeline.tsv   every rank's events as text (serialize_ranks), read back by
 //                  `trireme report` (parse_ranks)
-// Timestamps are wall-clock microseconds so that the ranks line up.
+// Timestamps are wall-clock microseconds so that the ranks line up (a job across machines
+// records them on rank 0's clock: the trainer's ClockMap).
 //
 // Text form of one event (serialize/parse), one line, seven tab-separated fields:
 //   lane  start_us  duration_us  category  name  args_json  label
