@@ -493,6 +493,8 @@ TEST(LaunchAgent, ALaterClaimerAnnouncesARestartTheFirstDidNot) {
   }
 }
 
+namespace {
+
 // Node 0 of an elastic job whose node 1 left on a preemption notice: generation 1 runs
 // without it, and generation 2 (once a replacement asks in) finishes at once.
 LaunchOptions after_node_1_left(MemoryChannel& channel) {
@@ -506,6 +508,8 @@ LaunchOptions after_node_1_left(MemoryChannel& channel) {
   o.join_timeout_s = 10;
   return o;
 }
+
+}  // namespace
 
 // A replacement for a machine that left on a preemption notice joins under its
 // --node-rank; the leave was the old machine's, not the replacement's (before, the leader
@@ -644,8 +648,8 @@ TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
   EXPECT_EQ(channel.try_get(keys::kFailure), "node 0's agent received SIGINT while restarting");
 }
 
-// A node that gives up waiting to join withdraws its request (a later restart's leader
-// would wait for it as a joiner until --node-timeout).
+namespace {
+
 // A replacement for node 1 of a job of run id "abc" that runs with its 2 nodes (node 1
 // was dropped), asking to join with a --join-timeout of 1 s.
 LaunchOptions replacement_for_node_1(MemoryChannel& channel) {
@@ -659,6 +663,10 @@ LaunchOptions replacement_for_node_1(MemoryChannel& channel) {
   return o;
 }
 
+}  // namespace
+
+// A node that gives up waiting to join withdraws its request (a later restart's leader
+// would wait for it as a joiner until --node-timeout).
 TEST(LaunchAgent, AJoinerThatGivesUpWithdrawsItsRequest) {
   MemoryChannel channel;
   CapturedIo io;

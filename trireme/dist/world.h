@@ -86,8 +86,10 @@ class World {
   // --heartbeat-timeout (60 s at least) before it takes it for hung.
   void heartbeat_done();
   // In a generation that `trireme run` restarted after a failure, when its agents saw it
-  // happen, in wall-clock microseconds since the epoch (obs::wall_us(); across machines
-  // as far as their clocks agree): an agent saw the failure, the new membership was
+  // happen, in wall-clock microseconds since the epoch on this machine's clock
+  // (obs::wall_us(); moments seen on other machines are moved by the difference of the
+  // agents' readings of the recovery barrier, launch/restart_clock.h; a moment from a node
+  // that is no longer a member stays on its clock): an agent saw the failure, the new membership was
   // decided, the last agent reached the recovery barrier (snapshots rebuilt, if any; the
   // workers start after it). nullopt in a first generation, or when the launcher did not
   // say.
