@@ -10,6 +10,7 @@
 #include <csignal>
 
 #include "trireme/common/error.h"
+#include "trireme/launch/agent_channel.h"
 #include "trireme/launch/exit_status.h"
 #include "trireme/launch/launcher.h"
 #include "trireme/launch/output.h"
@@ -253,4 +254,14 @@ TEST(RestartClock, StampsMoveByTheDifferenceOfTheReadingsOfTheBarrier) {
   EXPECT_EQ(on_clock_of(1, {700.0, 0}, barrier_seen), 30000700.0);
   EXPECT_EQ(on_clock_of(0, {900.0, 2}, barrier_seen), 900.0);  // no reading of node 2: as written
   EXPECT_EQ(on_clock_of(-1, {900.0, 1}, barrier_seen), 900.0);  // a worker that does not know its node
+}
+
+TEST(RestartClock, AdmittedValuesNameTheirRestart) {
+  EXPECT_EQ(keys::admitted_at(keys::admitted(7)), 7);
+  EXPECT_EQ(keys::admitted_at("abc"), 0);  // a run id: asking, not admitted
+  EXPECT_EQ(keys::admitted_at(""), 0);
+  EXPECT_EQ(keys::admitted_at("admitted at restart "), 0);
+  EXPECT_EQ(keys::admitted_at("admitted at restart 3x"), 0);
+  EXPECT_EQ(keys::admitted_at("admitted at restart -3"), 0);
+  EXPECT_EQ(keys::admitted_at("admitted at restart 99999999999"), 0);
 }

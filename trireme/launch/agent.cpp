@@ -32,7 +32,6 @@
 #include <vector>
 
 #include "trireme/common/error.h"
-#include "trireme/obs/clock.h"
 #include "trireme/launch/exit_status.h"
 #include "trireme/launch/membership.h"
 #include "trireme/launch/output.h"
@@ -40,6 +39,7 @@
 #include "trireme/launch/restart_clock.h"
 #include "trireme/launch/standby.h"
 #include "trireme/launch/worker_env.h"
+#include "trireme/obs/clock.h"
 
 extern char** environ;
 
@@ -604,8 +604,8 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   // (join_running) races: whichever comes first stands, so a node that gave up is never a
   // member, and one admitted keeps its --node-rank (it is lost at the recovery barrier if it
   // went anyway). Leaders deciding the same generation admit with the same value.
+  const std::string admitted = keys::admitted(generation);
   for (auto it = states.begin(); it != states.end();) {
-    const std::string admitted = keys::admitted(generation);
     if (it->second == NodeState::kJoining &&
         channel_.compare_set(keys::pending(it->first), run_id_, admitted) != admitted)
       it = states.erase(it);  // withdrawn
@@ -854,7 +854,8 @@ std::optional<LaunchResult> Agent::join_running() {
                             " nodes; a node can join a running job only when it was started with --nnodes MIN:MAX"},
                     /*counted=*/false);
   run_id_ = channel_.try_get(keys::kRunId).value_or("none");
-  channel_.set(keys::pending(options_.node_rank), run_id_);
+  const std::string request = keys::pending(options_.node_rank);
+  channel_.set(request, run_id_);
   channel_.add(keys::kPending, 1);
   write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
@@ -865,7 +866,6 @@ std::optional<LaunchResult> Agent::join_running() {
   // and the published membership takes it, or (unless `final`) is still to come. An
   // admission whose membership left it out (another leader's decision stood) or, when
   // `final`, never came is withdrawn from.
-  const std::string request = keys::pending(options_.node_rank);
   const auto withdraw_request = [&](bool final) {
     try {
       std::string expected = run_id_;
@@ -927,7 +927,7 @@ std::optional<LaunchResult> Agent::join_running() {
         channel_.compare_set(request, keys::admitted(generation), run_id_) == run_id_)
       channel_.add(keys::kPending, 1);
     if (contains(members, options_.node_rank)) {
-      channel_.set(keys::pending(options_.node_rank), "");
+      channel_.set(request, "");
       enter(generation, members);
       if (auto refused = await_recovery(generation)) return refused;
       if (lost_at_barrier_) return std::nullopt;  // a member: run() restarts without the lost one

@@ -83,10 +83,12 @@
 // Every method may throw CommError when the store is unreachable.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <system_error>
 
 namespace trireme::launch {
 
@@ -153,13 +155,11 @@ inline std::string admitted(int generation) { return kAdmittedPrefix + std::to_s
 // The restart whose leader admitted the node, from pending/N's value (0: not admitted).
 inline int admitted_at(const std::string& value) {
   const std::string prefix = kAdmittedPrefix;
-  if (value.rfind(prefix, 0) != 0 || value.size() == prefix.size() || value.size() > prefix.size() + 9) return 0;
+  if (value.rfind(prefix, 0) != 0) return 0;
   int generation = 0;
-  for (size_t i = prefix.size(); i < value.size(); ++i) {
-    if (value[i] < '0' || value[i] > '9') return 0;
-    generation = generation * 10 + (value[i] - '0');
-  }
-  return generation;
+  const char* end = value.data() + value.size();
+  const auto [rest, error] = std::from_chars(value.data() + prefix.size(), end, generation);
+  return error == std::errc{} && rest == end && generation > 0 ? generation : 0;
 }
 inline std::string node(int node) { return "trireme/agents/node" + std::to_string(node); }
 inline std::string generation_end(int generation) { return "trireme/end/" + std::to_string(generation); }
