@@ -367,6 +367,38 @@ class ExternalStore(unittest.TestCase):
                 self.assertIn("trireme store: stopped by SIGHUP", store.stdout.read())
 
 
+class Membership(unittest.TestCase):
+    def test_a_lost_machine_is_seen_by_the_two_agents_before_it(self):
+        """Five agents (emulated machines) of an elastic job; node 3's agent is killed with
+        kill -9 (its worker dies with it). Each agent watches only the two members after it
+        (the store's reads grow as n, not n^2), so nodes 1 and 2 see the loss and restart
+        the job, and nodes 0 and 4 follow it from the store. The job goes on with four."""
+        port = free_port()
+        common = ["--nproc-per-node", "1", "--nnodes", "4:5", "--rdzv", f"127.0.0.1:{port}",
+                  "--max-restarts", "1", "--node-timeout", "1"]
+        prog = ("import os, time\n"
+                "print('restart', os.environ['TORCHELASTIC_RESTART_COUNT'], 'ready', os.getpid(), flush=True)\n"
+                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': time.sleep(120)\n")
+        agents = [start(self, common + ["--node-rank", str(r)], [PY, "-c", prog]) for r in range(5)]
+        pids = [read_ready_pids(agent, 1)[0] for agent in agents]
+        begin = time.monotonic()
+        agents[3].kill()
+        agents[3].communicate(timeout=TIMEOUT)
+        results = {r: agents[r].communicate(timeout=TIMEOUT) for r in (0, 1, 2, 4)}
+        self.assertLess(time.monotonic() - begin, FAIL_FAST_S)  # not the workers' 120 s sleep
+        self.assertTrue(wait_pids_gone([pids[3]], 5))  # node 3's worker died with its agent
+        lost = "node 3 is lost (no heartbeat for 1 s)"
+        seen_here = {r for r, (_, err) in results.items() if f"{lost}; restarting" in err}
+        for r, (out, err) in results.items():
+            self.assertEqual(agents[r].returncode, 0, err)
+            self.assertRegex(out, r"restart 1 ready \d+")  # its worker of restart 1 ran
+            if r not in seen_here:
+                self.assertIn(f"{lost} (on another node); restarting", err)
+        print("the loss was seen by nodes", sorted(seen_here))
+        self.assertTrue(seen_here)
+        self.assertLessEqual(seen_here, {1, 2})
+
+
 class BadInput(unittest.TestCase):
     def check_refused(self, flags, program, words):
         rc, out, err, _ = run(flags, program, timeout=30)

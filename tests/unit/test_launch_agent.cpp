@@ -43,6 +43,7 @@ class MemoryChannel : public AgentChannel {
   }
   std::optional<std::string> try_get(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);
+    ++reads_[key];
     auto it = values_.find(key);
     if (it == values_.end()) return std::nullopt;
     return it->second;
@@ -72,11 +73,17 @@ class MemoryChannel : public AgentChannel {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; });
   }
+  // How often try_get read `key`.
+  int reads(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reads_[key];
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, int> reads_;
 };
 
 // Captures what the agent forwards; small outputs fit in the pipe buffers.
@@ -324,6 +331,46 @@ TEST(LaunchAgent, ElasticJobGoesOnWithoutASilentNode) {
   EXPECT_NE(err.find("going on with nodes 0"), std::string::npos) << err;
   EXPECT_EQ(channel.try_get(keys::restart_members(1)), "0;0");  // nodes 0, decided by node 0
   EXPECT_EQ(channel.try_get(keys::lost(1)), "1");  // a replacement may take its --node-rank
+}
+
+// Each agent watches the two members after it in the ring of members (ascending node ids,
+// wrapping), so the store's reads grow as n machines, not n^2: node 4 of 6 reads the
+// heartbeats of nodes 5 and 0 and no other. Once node 5 has finished it is not watched
+// for a loss any more, and node 1 is watched in its place.
+TEST(LaunchAgent, AnAgentWatchesTheTwoMembersAfterIt) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kReady, "1");  // the job has formed
+  std::atomic<int> phase{0};
+  std::map<int, int> read_before_done;  // node: its heartbeat reads when node 5 finished
+  auto read = [&](int node) { return channel.reads(keys::alive(node)); };
+  // Node 0's beats drive the test: once node 4 has looked at its two members a few times,
+  // node 5 finishes; once node 1 has been looked at, node 0 publishes a failure that ends
+  // the job (or after 20 s, which fails the test).
+  Heartbeat node0(channel, 0, [&](int beat) {
+    if (phase == 0 && read(5) >= 3 && read(0) >= 3) {
+      for (int node : {1, 2, 3, 5}) read_before_done[node] = read(node);
+      channel.set(keys::done(5), "1");
+      phase = 1;
+    } else if ((phase == 1 && read(1) >= 3) || (phase < 2 && beat == 400)) {
+      phase = 2;
+      channel.set(keys::kFailure, "node 0 ends the test");
+    }
+  });
+  Heartbeat node1(channel, 1), node2(channel, 2), node3(channel, 3), node5(channel, 5);
+  LaunchOptions o = sh_options(1, "exec sleep 30");
+  o.nnodes = 6;
+  o.node_rank = 4;
+  o.rdzv_port = 1234;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.failure, "node 0 ends the test; stopped the workers of node 4");
+  ASSERT_EQ(phase.load(), 2);
+  EXPECT_EQ(read_before_done[1], 0);
+  EXPECT_EQ(read_before_done[2], 0);
+  EXPECT_EQ(read_before_done[3], 0);
+  EXPECT_GE(read(1), 3);
+  EXPECT_EQ(read(2), 0);
+  EXPECT_EQ(read(3), 0);
 }
 
 // The same job with a fixed size ends, naming the lost node.

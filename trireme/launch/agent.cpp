@@ -60,6 +60,9 @@ constexpr milliseconds kKillReapLimit{10000};
 constexpr milliseconds kStandbyDelay{1000};
 // How often an agent raises its heartbeat in the store (--node-timeout is many of these).
 constexpr milliseconds kBeatInterval{200};
+// How many members each agent watches while the workers run (watch_nodes): each member is
+// watched by as many, so one agent that is slow to look does not hide a loss.
+constexpr int kWatchedMembers = 2;
 // How often the leader of a restart looks at the members it waits for.
 constexpr milliseconds kMembershipPoll{50};
 // A worker's output is read kReadSize at a time, one read per stream per wake-up: a worker
@@ -266,6 +269,7 @@ class Agent {
   Clock::time_point next_beat_{};
   // Other agents' heartbeats: the last value seen and when it last changed.
   std::map<int, std::pair<std::string, Clock::time_point>> peer_beats_;
+  std::map<int, int64_t> incarnations_;  // the watched members' incarnations (watch_nodes)
   int64_t pending_seen_ = 0;  // join requests already acted on
   // The last restart's timeline, reported once its first step is done (report_restart).
   Clock::time_point failure_seen_{}, members_decided_{}, recovered_{};
@@ -668,6 +672,7 @@ void Agent::enter(int generation, const std::vector<int>& members) {
   members_ = members;
   position_ = static_cast<int>(std::find(members.begin(), members.end(), options_.node_rank) - members.begin());
   peer_beats_.clear();
+  incarnations_.clear();
 }
 
 // The recovery barrier of restart `generation`. A member that dies before it gets there
@@ -1060,20 +1065,36 @@ Event Agent::supervise() {
   }
 }
 
-// The other members' heartbeats and leave notices, and join requests: a member that
+// The watched members' heartbeats and leave notices, and join requests: a member that
 // left or went silent for --node-timeout is lost with its machine (its workers may hang
 // the others' collectives until their time-out: this does not wait for that).
+//
+// An agent watches only the kWatchedMembers members after it in the ring of members
+// (ascending node ids, wrapping) that have not finished, so the store serves a constant
+// number of reads per agent and poll, O(n) for n machines, not O(n^2) as when every agent
+// read every member's keys. One watcher's loss restarts the job for all (restart/G, or the
+// job's failure when no restart is left). Whatever set of members is lost at once, one of
+// them has a live watcher just before it in the ring (unless no member lives), and the
+// restart's leader then waits on every old member (decide_members), so the other losses
+// are found there.
 std::optional<Event> Agent::watch_nodes() {
   const auto now = Clock::now();
-  for (int id : members_) {
-    if (id == options_.node_rank) continue;
-    if (channel_.try_get(keys::left(id, incarnation(id))))
+  const int n = static_cast<int>(members_.size());
+  int watched = 0;
+  for (int step = 1; step < n && watched < kWatchedMembers; ++step) {
+    const int id = members_[(position_ + step) % n];
+    // (A member's incarnation changes only when it is dropped: once per generation.)
+    auto its = incarnations_.find(id);
+    if (its == incarnations_.end()) its = incarnations_.emplace(id, incarnation(id)).first;
+    if (channel_.try_get(keys::left(id, its->second)))
       return Event{Ending::kNodeLost, "node " + std::to_string(id) + " left the job (preemption notice)"};
-    // A member whose agent has finished (its workers exited) stops its heartbeat when it
-    // exits: it is done, not lost, while the workers here finish (rank 0 may write its
-    // traces long after the others are gone).
-    if (stale(id, now) && !channel_.try_get(keys::done(id)))
-      return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
+    // A member whose agent has finished (its workers exited) is done, not lost: it stops
+    // its heartbeat when it exits, while the workers here finish (rank 0 may write its
+    // traces long after the others are gone), and it watches nobody any more: the next
+    // member is watched in its place.
+    if (channel_.try_get(keys::done(id))) continue;
+    if (stale(id, now)) return Event{Ending::kNodeLost, lost_node(id, options_.node_timeout_s), 0, true};
+    ++watched;
   }
   // (Not once a worker has finished: the job is ending, a new generation would redo
   // nothing; nor without a restart left: the joiner waits until its --join-timeout.)

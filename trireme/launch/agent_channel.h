@@ -60,6 +60,8 @@
 //                           (dist::World::job_value), e.g. where the pipeline cut the model
 //   trireme/generation      the newest generation whose membership was decided
 //   trireme/agents/alive/N  agent N's heartbeat (a counter it raises every 200 ms)
+//                           that the two unfinished members before it in the ring
+//                           of members watch while the workers run (watch_nodes)
 //   trireme/agents/left/N/I  agent N leaves the job (a preemption notice); I, its
 //                           incarnation, is lost/N while it is a member
 //   trireme/agents/flushed/N/I  agent N's last snapshot step is protected (or it gave up):
