@@ -152,6 +152,25 @@ TEST(DataParallel, InitialBroadcastCanBeLeftToTheCaller) {
   });
 }
 
+// A module with nothing to train (every parameter frozen, or none: a parameter-free
+// pipeline stage) is refused at construction, not left to fail at its first step.
+TEST(DataParallel, RefusesAModuleWithNothingToReduce) {
+  run_ranks(1, [&](int, const trireme::dist::Group& group) {
+    torch::nn::Linear frozen(4, 4);
+    for (auto& p : frozen->parameters()) p.requires_grad_(false);
+    const std::vector<std::shared_ptr<torch::nn::Module>> modules{frozen.ptr(), std::make_shared<torch::nn::Module>()};
+    for (const auto& module : modules) {
+      try {
+        DataParallel dp(module, group, small_buckets());
+        ADD_FAILURE() << "a module without trainable parameters was accepted";
+      } catch (const trireme::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("at least one parameter that requires a gradient"), std::string::npos)
+            << e.what();
+      }
+    }
+  });
+}
+
 TEST(DataParallel, ParameterUsedOnOneRankOnlyDoesNotHang) {
   run_ranks(2, [&](int rank, const trireme::dist::Group& group) {
     Net net = make_net(7);

@@ -2,6 +2,10 @@
 // then gives exactly what an ordinary linear layer gives.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "trireme/common/error.h"
 #include "trireme/parallel/pipeline/deferred_linear.h"
 #include "trireme/parallel/pipeline/executor.h"
@@ -71,6 +75,40 @@ TEST(DeferredLinear, WithoutBias) {
   EXPECT_TRUE(at::allclose(ref.x.grad(), c.x.grad(), 1e-6, 1e-6));
 }
 
+TEST(DeferredLinear, AFrozenWeightGetsNoGradientAndIsNotReported) {
+  // Fine-tuning freezes some weights: W must neither give them a gradient nor report them
+  // (DataParallel knows only the parameters that require one, and would throw mid-step).
+  for (const bool defer : {false, true}) {
+    Case ref = make_case(), c = make_case();
+    ref.w.requires_grad_(false);
+    c.w.requires_grad_(false);
+    at::linear(ref.x, ref.w, ref.b).pow(2).sum().backward();
+    WeightGradQueue queue;
+    {
+      std::optional<DeferWeightGrads> scope;
+      if (defer) scope.emplace(queue);
+      deferred_linear(c.x, c.w, c.b).pow(2).sum().backward();
+    }
+    std::vector<std::string> reported;
+    queue.run_all([&](const at::Tensor& p) { reported.push_back(p.is_same(c.b) ? "bias" : "other"); });
+    EXPECT_FALSE(c.w.grad().defined()) << "defer " << defer;
+    EXPECT_TRUE(at::allclose(ref.b.grad(), c.b.grad(), 1e-6, 1e-6)) << "defer " << defer;
+    EXPECT_TRUE(at::allclose(ref.x.grad(), c.x.grad(), 1e-6, 1e-6)) << "defer " << defer;
+    EXPECT_EQ(reported, defer ? std::vector<std::string>{"bias"} : std::vector<std::string>{});
+  }
+  // Weight and bias both frozen: nothing is queued.
+  Case c = make_case();
+  c.w.requires_grad_(false);
+  c.b.requires_grad_(false);
+  WeightGradQueue queue;
+  {
+    DeferWeightGrads scope(queue);
+    deferred_linear(c.x, c.w, c.b).sum().backward();
+  }
+  EXPECT_EQ(queue.size(), 0u);
+  EXPECT_TRUE(c.x.grad().defined());
+}
+
 namespace {
 // A backend that only names itself: enough for the executor's constructor to look at.
 class NamedBackend : public c10d::Backend {
@@ -94,6 +132,31 @@ TEST(StageExecutor, RefusesAnNcclPipelineGroup) {
   };
   EXPECT_THROW(make("nccl"), trireme::InvalidArgument);
   EXPECT_NO_THROW(make("gloo"));
+}
+
+TEST(StageExecutor, RefusesAStageItsGroupDoesNotRun) {
+  // A stage outside the schedule, a pipeline without a group, and a stage that is not its
+  // rank in the group (it would exchange with the wrong neighbours until the time-out).
+  const ScheduleSpec spec{ScheduleKind::kOneFOneB, 2, 4, 1};
+  auto make = [&](int stage, trireme::dist::Group group) {
+    return StageExecutor(spec, stage, {[](const at::Tensor& x) { return x; }},
+                         [](const at::Tensor& y, const at::Tensor&) { return y.sum(); }, ActivationSpec{{1, 4}},
+                         std::move(group));
+  };
+  const auto gloo = c10::make_intrusive<NamedBackend>("gloo", 2);  // rank 0 of 2
+  auto refusal = [&](int stage, trireme::dist::Group group) -> std::string {
+    try {
+      make(stage, std::move(group));
+    } catch (const trireme::InvalidArgument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(refusal(2, gloo).find("pipeline stage 2 is not one of the schedule's 2 stages"), std::string::npos);
+  EXPECT_NE(refusal(-1, gloo).find("pipeline stage -1 is not one of"), std::string::npos);
+  EXPECT_NE(refusal(0, nullptr).find("needs a process group"), std::string::npos);
+  EXPECT_NE(refusal(1, gloo).find("stage 1 runs as rank 0 of its pipeline group"), std::string::npos);
+  EXPECT_EQ(refusal(0, gloo), "accepted");
 }
 
 TEST(StageModule, RefusesWeightsTiedAcrossLayers) {

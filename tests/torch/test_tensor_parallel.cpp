@@ -121,6 +121,22 @@ TEST(TensorParallel, RefusesSizesThatDoNotSplit) {
   EXPECT_THROW(trireme::tensor::VocabParallelEmbedding(255, 8, two), trireme::InvalidArgument);
 }
 
+TEST(TensorParallel, VocabParallelCrossEntropyRefusesTargetsNoRankHolds) {
+  // A target outside the vocabulary (or -100, which at::cross_entropy_loss ignores) is
+  // held by no rank's slice: refused, instead of a loss computed as if its logit were 0.
+  TensorParallel two;
+  two.size = 2;  // refused before any exchange: no group needed
+  const at::Tensor logits = at::zeros({3, 5});  // V = 10
+  for (const int64_t bad : {-100, -1, 10}) {
+    try {
+      trireme::tensor::vocab_parallel_cross_entropy(logits, at::tensor(std::vector<int64_t>{0, bad, 9}), two);
+      ADD_FAILURE() << "target " << bad << " accepted";
+    } catch (const trireme::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("every target in [0, 10)"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(TensorParallel, RngTrackerSplitsMasksAndLeavesTheReplicatedStreamAlone) {
   // Two ranks of one group: inside fork() their dropout masks differ; outside, the default
   // generator continues exactly as if fork() had not been called, so the replicated masks

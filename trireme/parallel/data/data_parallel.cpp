@@ -66,6 +66,8 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
       index_of_[p.unsafeGetTensorImpl()] = params_.size();
       params_.push_back(p);
     }
+  TRIREME_CHECK(!params_.empty(), "DataParallel needs a module with at least one parameter that requires a gradient "
+                "(this one has none: there is nothing to reduce)");
   if (options_.broadcast_parameters) broadcast_initial_state();
   build_buckets(comm::reverse_order(params_.size()));
   try {

@@ -21,25 +21,29 @@ void accumulate(const at::Tensor& param, const at::Tensor& value) {
 }
 
 // The backward of x W^T (+ b): the input gradient now; the weight (and bias) gradients now,
-// or queued when a DeferWeightGrads scope is active.
+// or queued when a DeferWeightGrads scope is active. A frozen weight or bias (requires_grad
+// false: fine-tuning) gets none, and is not reported to the queue.
 torch::autograd::variable_list linear_backward(const at::Tensor& x, const at::Tensor& weight,
                                                const at::Tensor& bias, const at::Tensor& grad_out) {
   const at::Tensor grad_x = at::matmul(grad_out, weight);  // (..., in)
+  const bool want_weight = weight.requires_grad(), want_bias = bias.defined() && bias.requires_grad();
+  if (!want_weight && !want_bias) return {grad_x, at::Tensor(), at::Tensor()};
   // Weight gradients from the flattened batch: (out, N) x (N, in).
-  auto weight_grads = [x, grad_out, bias] {
+  auto weight_grads = [x, grad_out, want_weight, want_bias] {
     at::NoGradGuard no_grad;
     const at::Tensor g2 = grad_out.reshape({-1, grad_out.size(-1)});
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    return std::make_pair(g2.t().mm(x2), bias.defined() ? g2.sum(0) : at::Tensor());
+    return std::make_pair(want_weight ? g2.t().mm(x.reshape({-1, x.size(-1)})) : at::Tensor(),
+                          want_bias ? g2.sum(0) : at::Tensor());
   };
   if (current_queue) {
-    std::vector<at::Tensor> params{weight};
-    if (bias.defined()) params.push_back(bias);
+    std::vector<at::Tensor> params;
+    if (want_weight) params.push_back(weight);
+    if (want_bias) params.push_back(bias);
     current_queue->push(
         [weight_grads, weight, bias] {
           const auto [grad_weight, grad_bias] = weight_grads();
-          accumulate(weight, grad_weight);
-          if (bias.defined()) accumulate(bias, grad_bias);
+          if (grad_weight.defined()) accumulate(weight, grad_weight);
+          if (grad_bias.defined()) accumulate(bias, grad_bias);
         },
         std::move(params));
     return {grad_x, at::Tensor(), at::Tensor()};

@@ -18,6 +18,10 @@ StageExecutor::StageExecutor(ScheduleSpec spec, int stage, std::vector<PartForwa
       activation_(std::move(activation)),
       group_(std::move(pp_group)),
       schedule_(build_schedule(spec)) {
+  TRIREME_CHECK(stage_ >= 0 && stage_ < spec_.stages, "pipeline stage ", stage_, " is not one of the schedule's ",
+                spec_.stages, " stages (0 to ", spec_.stages - 1, ")");
+  TRIREME_CHECK(group_ || spec_.stages == 1, "a pipeline of ", spec_.stages,
+                " stages needs a process group for its stage exchanges");
   TRIREME_CHECK(static_cast<int>(parts_.size()) == spec_.chunks, "stage ", stage_, " has ",
                 parts_.size(), " model parts but the schedule uses ", spec_.chunks, " chunks");
   TRIREME_CHECK(spec_.stages > 1 || spec_.chunks == 1,
@@ -31,6 +35,10 @@ StageExecutor::StageExecutor(ScheduleSpec spec, int stage, std::vector<PartForwa
   TRIREME_CHECK(!group_ || group_->getSize() == spec_.stages, "the pipeline group has ",
                 group_ ? group_->getSize() : 0, " ranks but the schedule has ", spec_.stages,
                 " stages");
+  // Stage s exchanges with the group's ranks s-1 and s+1: another numbering would send to
+  // the wrong stages and wait until the collective time-out.
+  TRIREME_CHECK(!group_ || group_->getRank() == stage_, "stage ", stage_, " runs as rank ", group_ ? group_->getRank() : 0,
+                " of its pipeline group; a stage must be its rank in the group");
 }
 
 int StageExecutor::tag(int micro, int chunk, bool gradient) const {

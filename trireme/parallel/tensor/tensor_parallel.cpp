@@ -148,6 +148,12 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   TRIREME_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
                 "vocab-parallel cross-entropy needs logits (N, V/t) and targets (N)");
   if (!tp.active()) return at::cross_entropy_loss(logits, targets);
+  // A target that no rank's slice holds would count as a logit of 0 on every rank: a wrong
+  // loss without an error (-100, the usual ignored target, included). One host sync.
+  const int64_t vocab = logits.size(1) * tp.size;
+  TRIREME_CHECK(!((targets < 0) | (targets >= vocab)).any().item<bool>(),
+                "vocab-parallel cross-entropy needs every target in [0, ", vocab,
+                "); ignored targets (-100) are not supported under tensor parallelism");
   return VocabCrossEntropy::apply(logits, targets, &tp);
 }
 
