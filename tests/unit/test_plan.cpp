@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
@@ -710,6 +711,43 @@ TEST(PlanSearch, AwkwardDeviceCountGivesReplicasNearlyEvenShares) {
   EXPECT_EQ(r.best.layout.micro_batches, 1) << describe(r.best.layout);
   EXPECT_EQ(r.best.layout.replica_micro_batch_sizes, (std::vector<int>{3, 3, 2, 2, 2, 2, 2}));
   std::remove(path);
+}
+
+// trireme simulate's fixed policy: the plan's layout on fewer or more machines keeps the
+// global batch. Before, dp grew with the machines past the plan's (16 sequences over 12
+// replicas became 12 sequences of 1; over 20, 20) and the plan's unequal shares were
+// dropped (16 over 7 replayed as 7 x 2 = 14), so the fixed policy's rate counted a batch
+// the job never trains.
+TEST(PlanFile, TheFixedLayoutOnAnyNumberOfMachinesKeepsTheGlobalBatch) {
+  const Profile p = uniform_profile(4);
+  const Cluster c = parse_cluster(R"({"groups": [
+      {"name": "spot", "device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": 7}]})", "c");
+  SearchOptions o;
+  o.global_batch = 16;
+  const Plan plan = make_plan(p, c, search(p, c, o).best);
+  ASSERT_EQ(plan.dp, 7);
+  ASSERT_EQ(plan.replica_micro_batch_sizes, (std::vector<int>{3, 3, 2, 2, 2, 2, 2}));
+  for (int machines : {1, 2, 5, 7, 12, 20}) {
+    const std::optional<Layout> l = fixed_layout(p, c, plan, machines);
+    ASSERT_TRUE(l) << machines << " machines";
+    EXPECT_EQ(l->dp, std::min(machines, 7)) << machines << " machines";
+    EXPECT_EQ(l->global_batch(), 16) << machines << " machines";
+    EXPECT_EQ(static_cast<int>(l->ranks.size()), l->world());
+  }
+  EXPECT_EQ(fixed_layout(p, c, plan, 5)->replica_micro_batch_sizes, (std::vector<int>{4, 3, 3, 3, 3}));
+  EXPECT_EQ(fixed_layout(p, c, plan, 12)->replica_micro_batch_sizes, plan.replica_micro_batch_sizes);
+  // A two-stage plan has no replica on one machine of one device.
+  Plan piped = plan;
+  piped.dp = 1;
+  piped.pp = 2;
+  piped.schedule = "1f1b";
+  piped.micro_batches = 4;
+  piped.micro_batch_size = 4;
+  piped.replica_micro_batch_sizes.clear();
+  piped.pp_split = "0:3,3:6";
+  EXPECT_FALSE(fixed_layout(p, c, piped, 1));
+  ASSERT_TRUE(fixed_layout(p, c, piped, 3));
+  EXPECT_EQ(fixed_layout(p, c, piped, 3)->dp, 1);  // the plan's dp: the third machine idles
 }
 
 // Where nothing runs on every device (4 sequences cannot feed 7 replicas, nor 7 stages

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
@@ -32,33 +33,18 @@ struct SimulateFlags {
   plan::ReplayOptions replay;
 };
 
-// Samples/s with n machines when the plan's tp and pp stay and dp shrinks to what fits,
-// the global batch kept (per-replica batch grows; rounded down to whole sequences).
+// Samples/s of the plan's fixed layout on 1..max_machines machines (plan::fixed_layout):
+// 0 where no replica fits or the layout does not fit in memory.
 std::vector<double> fixed_rates(const plan::Profile& profile, const plan::Cluster& cluster, const plan::Plan& p,
                                 const plan::CostOptions& cost, int max_machines) {
   std::vector<double> rates(max_machines + 1, 0);
   for (int n = 1; n <= max_machines; ++n) {
+    const std::optional<plan::Layout> l = plan::fixed_layout(profile, cluster, p, n);
+    if (!l) continue;
     plan::Cluster shrunk = cluster;
     shrunk.groups[0].machines = n;
-    const int dp = shrunk.devices() / (p.tp * p.pp);
-    if (dp < 1) continue;
-    plan::Layout l;
-    l.dp = dp;
-    l.tp = p.tp;
-    l.pp = p.pp;
-    l.chunks = p.chunks;
-    l.zero = dp > 1 ? p.zero : 0;
-    l.micro_batches = p.micro_batches;
-    l.micro_batch_size = static_cast<int>(std::max<int64_t>(1, p.global_batch / (int64_t{dp} * p.micro_batches)));
-    if (p.pp > 1) {
-      l.schedule = pipeline::parse_schedule(p.schedule);
-      l.split = pipeline::parse_split(p.pp_split, static_cast<int>(profile.layers.size()), p.pp * p.chunks);
-    } else {
-      l.split = {{0, static_cast<int>(profile.layers.size())}};
-    }
-    l.ranks = plan::ranks_in_file_order(shrunk, l.world());
-    const plan::Estimate e = plan::estimate(profile, shrunk, l, cost);
-    if (e.fits) rates[n] = e.samples_per_s(l.global_batch());
+    const plan::Estimate e = plan::estimate(profile, shrunk, *l, cost);
+    if (e.fits) rates[n] = e.samples_per_s(l->global_batch());
   }
   return rates;
 }

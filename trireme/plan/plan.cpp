@@ -47,6 +47,37 @@ Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& 
   return p;
 }
 
+std::optional<Layout> fixed_layout(const Profile& profile, const Cluster& cluster, const Plan& p, int machines) {
+  Cluster shrunk = cluster;
+  shrunk.groups[0].machines = machines;
+  const int dp = std::min(p.dp, shrunk.devices() / (p.tp * p.pp));
+  const int64_t per_step = p.global_batch / p.micro_batches;
+  if (dp < 1 || per_step < dp) return std::nullopt;
+  Layout l;
+  l.dp = dp;
+  l.tp = p.tp;
+  l.pp = p.pp;
+  l.chunks = p.chunks;
+  l.zero = dp > 1 ? p.zero : 0;
+  l.micro_batches = p.micro_batches;
+  if (dp == p.dp) {
+    l.micro_batch_size = p.micro_batch_size;
+    l.replica_micro_batch_sizes = p.replica_micro_batch_sizes;
+  } else {
+    l.micro_batch_size = static_cast<int>((per_step + dp - 1) / dp);
+    if (per_step % dp != 0) l.replica_micro_batch_sizes = near_even_shares(per_step, dp);
+  }
+  const int layers = static_cast<int>(profile.layers.size());
+  if (p.pp > 1) {
+    l.schedule = pipeline::parse_schedule(p.schedule);
+    l.split = pipeline::parse_split(p.pp_split, layers, p.pp * p.chunks);
+  } else {
+    l.split = {{0, layers}};
+  }
+  l.ranks = ranks_in_file_order(shrunk, l.world());
+  return l;
+}
+
 std::string to_json(const Plan& p) {
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (const PlanRank& r : p.ranks)

@@ -20,6 +20,7 @@
 // is read; errors name the file and the JSON path. Pure: no libtorch.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,12 @@ struct Plan {
 };
 
 Plan make_plan(const Profile& profile, const Cluster& cluster, const Candidate& chosen);
+// The plan's layout on the first `machines` machines of the cluster's first group
+// (`trireme simulate`'s fixed policy): tp, pp, schedule, chunks, split and micro-batch
+// count kept; dp as many replicas as fit, never more than the plan's (machines beyond its
+// size stay idle); the global batch kept, split over the replicas as evenly as whole
+// sequences allow (the plan's own shares at the plan's dp). nullopt when no replica fits.
+std::optional<Layout> fixed_layout(const Profile& profile, const Cluster& cluster, const Plan& plan, int machines);
 std::string to_json(const Plan& plan);
 Plan parse_plan(const std::string& text, const std::string& origin);
 Plan read_plan(const std::string& path);

@@ -166,14 +166,6 @@ std::vector<std::vector<int>> batch_shares(int64_t per_step, const std::vector<i
   return out;
 }
 
-// `per_step` sequences over `dp` replicas on equal devices, as evenly as whole sequences
-// allow: the first per_step % dp replicas take one more (16 over 7: 3,3,2,2,2,2,2).
-std::vector<int> near_even_shares(int64_t per_step, int dp) {
-  std::vector<int> out(dp, static_cast<int>(per_step / dp));
-  for (int r = 0; r < per_step % dp; ++r) ++out[r];
-  return out;
-}
-
 // A layout's sizes, schedule and placement (split, micro-batch size and ZeRO still to
 // set); false when the schedule refuses m (e.g. interleaved with m not a multiple of pp).
 bool make_layout(int dp, int tp, int pp, const Schedule& schedule, int64_t m, const std::vector<DeviceSlot>& ranks,
@@ -552,6 +544,12 @@ std::vector<Candidate> best_per_size(const Profile& profile, const Cluster& clus
     const double previous = out[n - 1].estimate.step_s;
     if (previous > 0 && (out[n].estimate.step_s == 0 || previous < out[n].estimate.step_s)) out[n] = out[n - 1];
   }
+  return out;
+}
+
+std::vector<int> near_even_shares(int64_t per_step, int dp) {
+  std::vector<int> out(dp, static_cast<int>(per_step / dp));
+  for (int r = 0; r < per_step % dp; ++r) ++out[r];
   return out;
 }
 

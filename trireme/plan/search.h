@@ -98,6 +98,10 @@ std::string describe(const Layout& layout);
 // "dp 2 x tp 1 x pp 2, 1f1b, zero 0": the family a runner-up stands for.
 std::string family(const Layout& layout);
 
+// `per_step` sequences over `dp` replicas on equal devices, as evenly as whole sequences
+// allow: the first per_step % dp replicas take one more (16 over 7: 3,3,2,2,2,2,2).
+std::vector<int> near_even_shares(int64_t per_step, int dp);
+
 // Rank r on the r-th device of the cluster file (groups in order, machines in turn), for
 // the first `count` ranks. Throws when the cluster has fewer devices.
 std::vector<DeviceSlot> ranks_in_file_order(const Cluster& cluster, int count);
