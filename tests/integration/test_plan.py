@@ -215,7 +215,7 @@ class PlanTest(unittest.TestCase):
             {"name": "mi", "device": "MI300X", "tflops": 1307, "memory_gib": 192, "machines": 4}]})
         proc = run(["plan", "--profile", self.profile, "--cluster", mi300x], check=False)
         self.assertEqual(proc.returncode, 2, proc.stderr)
-        self.assertIn("groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' spans 4 machines",
+        self.assertIn("groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' is in a cluster of 4 machines",
                       proc.stderr)
         self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
         huge = self.write("huge-cluster.json", {"groups": [{"device": "A100", "machines": 3000000000}]})
@@ -227,6 +227,7 @@ class PlanTest(unittest.TestCase):
         # One line each, exit 2, nothing else printed before it.
         model = ["--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2", "--seq", "32"]
         cases = [(["--evaluate", "--tp", "65536", "--pp", "65536"], "--tp 65536 x --pp 65536 needs more devices"),
+                 (["--evaluate", "--dp", "-3"], "--dp must be at least 1, got -3"),  # (before: the default)
                  (["--overlap", "-0.5"], "--overlap must be in [0, 1]"),
                  (["--overlap", "nan"], "--overlap expects a finite number, got 'nan'"),
                  (["--global-batch", "8", "--overlap", "inf"], "--overlap expects a finite number, got 'inf'")]

@@ -100,6 +100,23 @@ TEST(PlanProfile, JsonRoundTripAndBadFieldNamesItsPath) {
               std::string::npos)
         << e.what();
   }
+  // A whole-step row measured on more ranks than a machine runs: calibration would replay
+  // it on as many (2e9: allocations until bad_alloc), so the field is refused by name.
+  Profile measured = p;
+  measured.training_step = {{1, 0.5, 2}};
+  text = to_json(measured);
+  const std::string dp = "\"data_parallel\": 2";
+  ASSERT_NE(text.find(dp), std::string::npos) << text;
+  EXPECT_EQ(parse_profile(text, "p.json").training_step.at(0).data_parallel, 2);
+  text.replace(text.find(dp), dp.size(), "\"data_parallel\": 2000000000");
+  try {
+    parse_profile(text, "p.json");
+    FAIL() << "training_step[0].data_parallel 2000000000 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("p.json: training_step[0].data_parallel must be an integer >= 1 and <= 4096"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(PlanCluster, ReadsCatalogDevicesAndOverrides) {
@@ -155,8 +172,8 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
   // in for their network. A "cpu" group (this machine's ranks) and one machine need none.
   const std::string mi300x = error_of(R"({"groups": [{"name": "mi", "device": "MI300X", "tflops": 1307,
                                                       "memory_gib": 192, "machines": 4}]})");
-  EXPECT_NE(mi300x.find("c.json: groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' spans 4 "
-                        "machines"),
+  EXPECT_NE(mi300x.find("c.json: groups[0].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' is in a "
+                        "cluster of 4 machines"),
             std::string::npos)
       << mi300x;
   EXPECT_EQ(mi300x.find('\n'), std::string::npos) << mi300x;
@@ -165,6 +182,13 @@ TEST(PlanCluster, ErrorsNameTheJsonPath) {
             "accepted");
   EXPECT_EQ(error_of(R"({"groups": [{"device": "MI300X", "tflops": 1307, "memory_gib": 192, "machines": 1}]})"),
             "accepted");
+  // One such machine beside others: its traffic to them crosses the network too.
+  EXPECT_NE(error_of(R"({"groups": [{"device": "A100", "machines": 2, "inter_bandwidth_gbps": 200},
+                                    {"name": "mi", "device": "MI300X", "tflops": 1307, "memory_gib": 192,
+                                     "machines": 1}]})")
+                .find("c.json: groups[1].inter_bandwidth_gbps is missing: group 'mi' of device 'MI300X' is in a "
+                      "cluster of 3 machines"),
+            std::string::npos);
   EXPECT_EQ(error_of(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 8, "machines": 2}]})"),
             "accepted");
 }
@@ -567,6 +591,15 @@ TEST(PlanFile, BadPlansAreRefusedWithTheFieldAtFault) {
   EXPECT_NE(error_of("\"micro_batch_size\": 4", "\"micro_batch_size\": 5").find("plan.json: global_batch is 8"),
             std::string::npos);
   EXPECT_NE(error_of("\"zero\": 0", "\"zero\": 7").find("plan.json: layout.zero must be 0, 1 or 2"),
+            std::string::npos);
+  // (Before, a "predicted" that was no object read as no prediction: trireme simulate then
+  // took 1 s for the step.)
+  const size_t predicted = good.find("\"predicted\": {");
+  ASSERT_NE(predicted, std::string::npos);
+  const std::string block = good.substr(predicted, good.find('}', predicted) + 1 - predicted);  // no nested object
+  EXPECT_NE(error_of(block, "\"predicted\": \"garbage\"").find("plan.json: predicted must be an object (got \"garbage\")"),
+            std::string::npos);
+  EXPECT_NE(error_of("\"step_s\"", "\"step_seconds\"").find("plan.json: predicted.step_seconds is not a known field"),
             std::string::npos);
   EXPECT_NE(error_of("\"pp\": 1", "\"pp\": 1, \"schedule\": \"1f1b\"").find("layout.schedule is given but pp is 1"),
             std::string::npos);

@@ -151,6 +151,14 @@ TEST(TraceErrors, ABadLineNamesTheFileTheLineAndTheExpectedForm) {
             std::string::npos);
   EXPECT_NE(read_error("2021-12-10, 25:00:00, 80\n", "gcp").find(":1: expected `YYYY-MM-DD, HH:MM:SS, count`"),
             std::string::npos);
+  // Signed fields and days a month does not have (read before as 18:55 and as March 3rd).
+  for (const char* row : {"2021-07-26T19:-5:00Z,8", "2021-07-26T-1:00:00Z,8", "2021-07-26T19:00:-3Z,8",
+                          "2021-02-31T00:00:00Z,8", "2021-02-29T00:00:00Z,8", "2021-04-31T00:00:00Z,8"})
+    EXPECT_NE(read_error(std::string("timestamp,count\n") + row + "\n", "asg").find(":2: expected"),
+              std::string::npos)
+        << row;
+  EXPECT_EQ(read_text("timestamp,count\n2024-02-29T00:00:00Z,8\n2024-03-31T00:00:00Z,9\n", "asg").duration_s,
+            31 * 86400.0);  // a leap day, and a month's 31st
   EXPECT_NE(read_error("[0, \"join\", {\"nodes\": []}]\n", "json-events").find(":1: expected `[t_ms"), std::string::npos);
   EXPECT_NE(read_error("0,2\n", "csv").find("unknown trace format `csv`; use one of: auto, events"), std::string::npos);
   EXPECT_NE(read_error("", "count").find("has no rows"), std::string::npos);

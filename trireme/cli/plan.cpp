@@ -58,6 +58,7 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   TRIREME_CHECK(l.tp >= 1 && l.pp >= 1, "--tp and --pp must be at least 1");
   TRIREME_CHECK(static_cast<int64_t>(l.tp) * l.pp <= world, "--tp ", l.tp, " x --pp ", l.pp,
                 " needs more devices than the cluster's ", world, "; choose sizes whose product divides ", world);
+  TRIREME_CHECK(f.dp >= 0, "--dp must be at least 1, got ", f.dp, " (or leave it out: the devices --tp x --pp leave)");
   l.dp = f.dp > 0 ? f.dp : world / (l.tp * l.pp);
   // (In 64 bits: tp x pp is at most the cluster's devices, an int, and so is dp.)
   TRIREME_CHECK(l.dp >= 1 && int64_t{l.dp} * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ",

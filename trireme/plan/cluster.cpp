@@ -125,8 +125,9 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   if (c.groups.empty()) root.at("groups").fail("is empty; describe at least one group of machines");
   // Traffic between machines of accelerators needs the network's figures: without them the
   // profile's own (this machine's loopback) link would stand in for it. Only "cpu" groups,
-  // this machine's ranks, may go without (a catalog device in any cluster of several
-  // machines, another device in a group of several).
+  // this machine's ranks, may go without, or a cluster of one machine. (Until 2026-12-07 a
+  // device given by its figures needed them only when its own group had several machines:
+  // one such machine beside an A100 group talked to it at the loopback's speed.)
   const std::vector<Field> groups = root.at("groups").items();
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const MachineGroup& g = c.groups[i];
@@ -134,10 +135,11 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
     const bool catalog = g.intra.bandwidth_Bps > 0;
     if (catalog && c.machines() > 1)
       groups[i].at("inter_bandwidth_gbps").fail("is needed: the cluster has several machines");
-    if (!catalog && g.device != "cpu" && g.machines > 1)
+    if (!catalog && g.device != "cpu" && c.machines() > 1)
       TRIREME_THROW(InvalidArgument, origin, ": ", groups[i].path(), ".inter_bandwidth_gbps is missing: group '",
-                    g.name, "' of device '", g.device, "' spans ", g.machines, " machines, whose network this "
-                    "machine's measured link cannot stand in for; give the network's Gb/s (and inter_latency_us)");
+                    g.name, "' of device '", g.device, "' is in a cluster of ", c.machines(), " machines, whose "
+                    "network this machine's measured link cannot stand in for; give the network's Gb/s (and "
+                    "inter_latency_us)");
   }
   for (size_t i = 0; i < c.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)

@@ -31,8 +31,7 @@
 // Links a file does not give and the catalog does not know (a CPU "device") are the
 // profile's measured ones: `Link::bandwidth_Bps == 0` means "use the profile". Between
 // machines that would be this machine's loopback, so inter_bandwidth_gbps is required for
-// catalog devices in a cluster of several machines and for any other device but "cpu"
-// whose group spans several machines.
+// every device but "cpu" in a cluster of several machines.
 // Errors name the file and the JSON path: "c.json: groups[1].inter_bandwidth_gbps must be
 // a positive number (got -5)". Pure: no libtorch.
 #pragma once

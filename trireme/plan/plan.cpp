@@ -219,6 +219,7 @@ Plan parse_plan(const std::string& text, const std::string& origin) {
   }
   if (root.has("predicted")) {
     const Field pr = root.at("predicted");
+    pr.only({"step_s", "samples_per_s", "bubble_fraction", "memory_bytes_per_stage"});
     p.predicted_step_s = pr.non_negative_or("step_s", 0);
     p.predicted_samples_per_s = pr.non_negative_or("samples_per_s", 0);
     p.predicted_bubble = pr.non_negative_or("bubble_fraction", 0);

@@ -14,6 +14,11 @@ namespace trireme::plan {
 
 namespace {
 
+// The most ranks a profile's whole-step rows may have measured on (one machine's), and the
+// most micro-batches (trireme train's --micro-batches bound).
+constexpr int64_t kMaxProfiledRanks = 4096;
+constexpr int64_t kMaxProfiledMicroBatches = 1 << 20;
+
 double work_of(const LayerTiming& row, Work work) {
   switch (work) {
     case Work::kForward: return row.forward_s;
@@ -236,8 +241,10 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
   if (root.has("training_step"))
     for (const Field& tf : root.at("training_step").items()) {
       tf.only({"micro_batch", "step_s", "data_parallel"});
+      // Calibration replays the step on as many ranks: a count no machine runs (2e9) would
+      // allocate per rank until it failed, not name the field.
       TrainingStepTiming t{tf.at("micro_batch").bounded(1), tf.at("step_s").positive(),
-                           tf.bounded_or("data_parallel", 1, 2)};
+                           tf.has("data_parallel") ? tf.at("data_parallel").bounded(1, kMaxProfiledRanks) : 2};
       if (!p.training_step.empty() && t.micro_batch <= p.training_step.back().micro_batch)
         tf.at("micro_batch").fail("must be larger than the row before it (rows ascend)");
       p.training_step.push_back(t);
@@ -247,8 +254,8 @@ Profile parse_profile(const std::string& text, const std::string& origin) {
       tf.only({"micro_batch", "micro_batches", "stages", "split", "step_s"});
       PipelineStepTiming t;
       t.micro_batch = tf.at("micro_batch").bounded(1);
-      t.micro_batches = tf.at("micro_batches").bounded(1);
-      t.stages = tf.at("stages").bounded(2);
+      t.micro_batches = tf.at("micro_batches").bounded(1, kMaxProfiledMicroBatches);
+      t.stages = tf.at("stages").bounded(2, kMaxProfiledRanks);
       t.split = tf.at("split").str();
       t.step_s = tf.at("step_s").positive();
       try {

@@ -75,7 +75,11 @@ bool to_datetime(const std::string& s, double* out) {
   if (std::sscanf(s.c_str(), "%4d-%2d-%2d%c%2d:%2d:%2d%n", &y, &mo, &d, &sep, &h, &mi, &sec, &used) != 7) return false;
   const std::string rest = s.substr(static_cast<size_t>(used));
   if ((sep != ' ' && sep != 'T') || !(rest.empty() || rest == "Z")) return false;
-  if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60) return false;
+  static const int kDays[12] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > kDays[mo - 1] || (mo == 2 && d == 29 && !leap)) return false;
+  // (%2d reads a sign: "19:-5:00" is not 18:55.)
+  if (h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 || sec > 60) return false;
   *out = static_cast<double>(day_number(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 + sec;
   return true;
 }
