@@ -824,6 +824,32 @@ TEST(PlanSearch, NothingOnEveryDeviceFallsBackToFewer) {
   }
 }
 
+// The fallback skips, unsearched, the sizes no layout can run on (more devices than global
+// batch x devices per machine x layers: 4 x 8 x 6 = 192 here): 2000 machines of 8 give the
+// layout that 24 machines (192 devices) give, the rest idle, and say how far they are.
+TEST(PlanSearch, TheFallbackSkipsSizesNoLayoutCanRunOn) {
+  Profile p = uniform_profile(4);
+  p.allreduce = Link{1e-3, 1e9};
+  auto machines_of_8 = [](int machines) {
+    return parse_cluster(R"({"groups": [{"device": "cpu", "relative_speed": 1, "memory_gib": 16, "machines": )" +
+                             std::to_string(machines) + R"(, "devices_per_machine": 8}]})",
+                         "c");
+  };
+  SearchOptions o;
+  o.global_batch = 4;
+  std::vector<std::string> said;
+  o.progress = [&](const std::string& how_far) { said.push_back(how_far); };
+  const SearchResult huge = search(p, machines_of_8(2000), o);
+  ASSERT_FALSE(said.empty());
+  EXPECT_EQ(said.front(), "no layout runs on all 16000 devices; searched down to 192");
+  EXPECT_EQ(said.size(), 31u);  // 24 machines down to 1, then its devices: not 2000 + 7 sizes
+  o.progress = nullptr;
+  const SearchResult small = search(p, machines_of_8(24), o);
+  EXPECT_EQ(describe(huge.best.layout), describe(small.best.layout));
+  EXPECT_DOUBLE_EQ(huge.best.estimate.step_s, small.best.estimate.step_s);
+  EXPECT_EQ(huge.idle_devices, small.idle_devices + 16000 - 192);
+}
+
 // Replicas on devices of unequal speed: the slow replica's pipeline replayed at its own
 // speed and batch. Every sequence costs F + B + W = 3 s per layer at speed 1 (linear in b),
 // 12 s over the 4 layers, and nothing else costs time: 6 sequences split 3+3 leave the

@@ -4,6 +4,7 @@
 //   trireme plan --profile profile.json --local 2 --evaluate --pp 2 --schedule zb-h1 --micro-batches 4
 //   trireme plan --profile profile.json --local 2 --measure-top 3 --out plan.json   (cli/plan_trials.h)
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <tuple>
 
@@ -246,6 +247,16 @@ int plan_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(f.overlap == -1 || (f.overlap >= 0 && f.overlap <= 1), "--overlap must be in [0, 1] (the share of "
                 "communication hidden behind compute), got ", f.overlap);
   if (f.overlap >= 0) options.cost.overlap = f.overlap;
+  // A long search says how far it is, every 5 s (on stderr: stdout stays the plan's report).
+  const auto search_start = std::chrono::steady_clock::now();
+  auto last_said = search_start;
+  options.progress = [&](const std::string& how_far) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_said < std::chrono::seconds(5)) return;
+    last_said = now;
+    std::fprintf(stderr, "trireme plan: %s (%.0f s)\n", how_far.c_str(),
+                 std::chrono::duration<double>(now - search_start).count());
+  };
   // (Before anything is printed: a refused layout is one line.)
   const plan::Layout evaluated = f.evaluate ? layout_from_flags(f, profile, cluster) : plan::Layout{};
 

@@ -304,16 +304,22 @@ bool search_whole_groups(const Profile& profile, const Cluster& cluster, const S
     if (it == best_of_family.end() || c.estimate.step_s < it->second.estimate.step_s) best_of_family[key] = c;
   };
 
-  for (const std::vector<int>& subset : group_subsets(cluster, o.aware)) {
+  const std::vector<std::vector<int>> subsets = group_subsets(cluster, o.aware);
+  for (size_t done = 0; done < subsets.size(); ++done) {
+    if (o.progress && subsets.size() > 1)
+      o.progress("searched " + std::to_string(done) + " of " + std::to_string(subsets.size()) +
+                 " subsets of the cluster's groups");
+    const std::vector<int>& subset = subsets[done];
     int common = 0;
     for (int g : subset) common = std::gcd(common, cluster.groups[g].devices());
     std::vector<std::vector<int>> orders;
     std::vector<int> order = subset;
-    if (o.aware && order.size() <= 4) {
+    if (o.aware && cluster.groups.size() <= 4) {
       do orders.push_back(order);
       while (std::next_permutation(order.begin(), order.end()));
     } else if (o.aware) {
-      // Beyond 4 groups, the fastest first and the slowest first, not every order.
+      // In a cluster of more than 4 groups, the fastest first and the slowest first, not
+      // every order: every order of every subset of up to 4 of 8 groups took 80 s.
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
         return cluster.groups[a].speed(profile) > cluster.groups[b].speed(profile);
       });
@@ -497,7 +503,18 @@ SearchResult search(const Profile& profile, const Cluster& cluster, const Search
     // but none fit in memory the error stays: trying every smaller size took 22 s instead
     // of 0.9 s on 64 machines of 8 A100s, to fail again in all but rare cases.)
     Cluster fewer = cluster;
-    while (drop_a_device(&fewer)) {
+    // No layout runs on more than dp x tp x pp <= global batch x devices per machine x
+    // layers: sizes above that are skipped unsearched (20000 machines of 8 at a global
+    // batch of 16 searched every size down from 160000 devices, for minutes).
+    const int64_t most =
+        o.global_batch * cluster.groups[0].devices_per_machine * static_cast<int64_t>(profile.layers.size());
+    bool skipped = false;
+    while (fewer.devices() > most && drop_a_device(&fewer)) skipped = true;
+    // (The first size searched is the one the skip stopped at, else one device fewer.)
+    for (bool more = skipped || drop_a_device(&fewer); more; more = drop_a_device(&fewer)) {
+      if (o.progress)
+        o.progress("no layout runs on all " + std::to_string(cluster.devices()) + " devices; searched down to " +
+                   std::to_string(fewer.devices()));
       SearchResult r;
       std::string unused;
       const bool fits = search_whole_groups(profile, fewer, o, &r, &unused);

@@ -8,8 +8,9 @@
 //                 dividing every used group's device count, group g holds devices_g / d
 //                 stages, so pp = sum of devices_g / d
 //   stage order   which group holds the first stages, the next ones, ... (each group's
-//                 stages contiguous: every permutation of up to 4 used groups; beyond, the
-//                 groups by speed, fastest first and slowest first)
+//                 stages contiguous: every permutation of the used groups in a cluster of
+//                 up to 4 groups; in a larger one, the groups by speed, fastest first and
+//                 slowest first)
 //   schedule      gpipe, 1f1b, interleaved (v = 2..max_chunks), zb-h1 when pp > 1
 //   m, b          micro-batches per replica and their size, m*b = global_batch/dp, m up
 //                 to max_micro_batches; when dp does not divide the global batch, m
@@ -30,8 +31,9 @@
 // device count splits into no pipeline of at most the model's layers whose replicas the
 // batch can feed), the same search on the cluster less one machine, then less one device
 // of the last machine, down to one device; the fastest layout found on any of these sizes
-// is the result, with the devices it leaves idle counted. Layouts that run but do not fit
-// in memory are an error as before.
+// is the result, with the devices it leaves idle counted. Sizes above global batch x
+// devices per machine x layers, which no layout can fill, are skipped unsearched. Layouts
+// that run but do not fit in memory are an error as before.
 //
 // Pruning: a layout whose lower bound (its compute spread evenly over its stages, at the
 // fastest device) is already slower than `prune_factor` x the best found is not replayed.
@@ -43,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -66,6 +69,10 @@ struct SearchOptions {
   // fewer devices (SearchResult::idle_devices), instead of an error.
   bool fewer_devices = true;
   CostOptions cost;
+  // Told how far the search is, often (before each subset of groups, each smaller size of
+  // the fewer-devices fallback): "searched 27 of 255 subsets of the cluster's groups". A
+  // cluster of 8 groups takes most of a minute.
+  std::function<void(const std::string& how_far)> progress;
 };
 
 struct Candidate {
