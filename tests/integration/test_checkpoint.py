@@ -319,6 +319,17 @@ class Checkpoints(unittest.TestCase):
         code, _, err = self.inspect(os.path.join(root, "4"))
         self.assertEqual(code, 1)
         self.assertIn("not a Trireme checkpoint", err[0])
+        # A format or version of another type: the same refusal naming the file (a number
+        # or null format was json's own error, naming nothing, and --resume did not skip
+        # to an older step; version 2^32 + 1 read as 1).
+        for field, value, message in (("format", 1, "not a Trireme checkpoint"),
+                                      ("format", None, "not a Trireme checkpoint"),
+                                      ("version", 2 ** 32 + 1, "format version 4294967297")):
+            with open(manifest, "w") as f:
+                json.dump(dict(data, **{"format": self.format, field: value}), f)
+            code, _, err = self.inspect(os.path.join(root, "4"))
+            self.assertEqual((code, len(err)), (1, 1), err)
+            self.assertIn(manifest + ": " + message, err[0])
         # Numbers that JSON holds but no checkpoint has: refused, not printed as garbage.
         for field, value in (("step", 1e300), ("dp", 2 ** 40), ("tp", -1)):
             bad = dict(data, **{"format": self.format, field: value})

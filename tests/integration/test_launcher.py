@@ -454,6 +454,12 @@ class BadInput(unittest.TestCase):
                             "--rdzv", f"127.0.0.1:{free_port()}"], ["true"],
                            "1 of 2 joined")
 
+    def test_an_unreachable_store_is_one_line(self):
+        # Before: c10's [E] and [W] log lines and a backtrace of 15 frames, 40 lines in all.
+        self.check_refused(["--nnodes", "2", "--node-rank", "1", "--join-timeout", "1",
+                            "--rdzv", f"127.0.0.1:{free_port()}"], ["true"],
+                           "could not reach the rendezvous store at 127.0.0.1:")
+
 
 if __name__ == "__main__":
     main()

@@ -196,6 +196,7 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
   write_durably(dir + "/manifest.json.tmp", manifest.dump(1));
   fs::rename(dir + "/manifest.json.tmp", dir + "/manifest.json");
   sync_directory(dir);
+  sync_directory(root);  // the step's own entry, before retention removes older steps
   int kept = 0;
   for (int64_t s : checkpoint_steps(root)) {
     const std::string d = root + "/" + std::to_string(s);
@@ -292,10 +293,13 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     TRIREME_THROW(CheckpointCorrupt, manifest_path, ": not valid JSON (", e.what(), ")");
   }
   const std::string& where = manifest_path;
-  if (!m.is_object() || m.value("format", "") != kFormat)
+  // (Checked by type first: json's value() throws its own error, naming no file, for a
+  // "format" that is a number or null, and the loader would not skip to an older step.)
+  if (!m.is_object() || !m.contains("format") || !m["format"].is_string() ||
+      m["format"].get<std::string>() != kFormat)
     TRIREME_THROW(CheckpointCorrupt, where, ": not a Trireme checkpoint (format is not '", kFormat, "')");
   const json& version = field(m, "version", where);
-  if (!version.is_number_integer() || version.get<int>() != kCheckpointVersion)
+  if (!version.is_number_integer() || version.get<int64_t>() != kCheckpointVersion)
     TRIREME_THROW(CheckpointCorrupt, where, ": format version ", version.dump(), ", this build reads ",
                   kCheckpointVersion);
   try {

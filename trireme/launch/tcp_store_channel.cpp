@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
 #include <thread>
@@ -21,6 +22,26 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// An exception's text without c10's backtrace (15 frames of C++ in a one-line error).
+std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return one_line(c10_error->what_without_backtrace());
+  return one_line(e.what());
+}
+
+// While alive, c10's own log lines below FATAL are not printed: a store that cannot be
+// reached logs an [E] and a [W] line per attempt, which the one-line error made from the
+// exception already says.
+class QuietC10Log {
+ public:
+  QuietC10Log() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }  // FATAL
+  ~QuietC10Log() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10Log(const QuietC10Log&) = delete;
+  QuietC10Log& operator=(const QuietC10Log&) = delete;
+
+ private:
+  int saved_;
+};
+
 bool mentions_address_in_use(const std::string& text) {
   return text.find("EADDRINUSE") != std::string::npos ||
          text.find("ddress already in use") != std::string::npos;
@@ -32,10 +53,9 @@ auto guarded(const char* what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const c10::Error& e) {
-    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ",
-                  one_line(e.what_without_backtrace()));
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", error_text(e));
   } catch (const std::system_error& e) {
-    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", one_line(e.what()));
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", error_text(e));
   }
 }
 
@@ -60,7 +80,7 @@ std::unique_ptr<TcpStoreChannel> TcpStoreChannel::host(int port,
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
   } catch (const std::exception& e) {
-    const std::string text = one_line(e.what());
+    const std::string text = error_text(e);
     TRIREME_CHECK(!mentions_address_in_use(text), "--rdzv port ", port,
                   " is already in use on this machine; pick a free port");
     TRIREME_THROW(CommError, "cannot start the rendezvous store on port ", port, ": ", text);
@@ -77,13 +97,14 @@ std::unique_ptr<TcpStoreChannel> TcpStoreChannel::connect(const std::string& hos
   opts.timeout = timeout;
   auto impl = std::make_unique<Impl>();
   try {
+    const QuietC10Log quiet;
     impl->store = c10::make_intrusive<c10d::TCPStore>(host, opts);
   } catch (const std::exception& e) {
     TRIREME_THROW(CommError, "could not reach the rendezvous store at ", host, ":", port,
                   " within ", timeout.count() / 1000,
                   " s; start node 0's 'trireme run' with the same --rdzv first, or raise "
                   "--join-timeout (",
-                  one_line(e.what()), ")");
+                  error_text(e), ")");
   }
   return std::unique_ptr<TcpStoreChannel>(new TcpStoreChannel(std::move(impl)));
 }
