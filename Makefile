@@ -19,7 +19,9 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# (The demo's own folder starts over each time: trireme train refuses an earlier run's --out.)
 demo: build
+	rm -rf $(DEMO_OUT)
 	$(BUILD)/trireme train gpt --nproc-per-node 2 --dp 2 \
 	  --layers 4 --dim 256 --heads 4 --seq 128 --batch 16 --steps 400 \
 	  --lr 3e-3 --out $(DEMO_OUT)

@@ -203,6 +203,36 @@ class TrainBadInput(unittest.TestCase):
         self.assertIn("already holds an earlier run's checkpoints", proc.stderr)
         self.assertFalse(os.path.exists(os.path.dirname(fresh)), "the refused run left its --out behind")
 
+    def test_an_earlier_runs_output_is_not_written_over(self):
+        # Before: a fresh run into an earlier run's --out replaced its metrics and traces
+        # (following the refusal above with --checkpoint-dir elsewhere did too), and a
+        # --resume at or past --steps trained nothing and wrote empty traces over the run's.
+        out = os.path.join(temp_dir(), "run")
+        model = SMALL[:SMALL.index("--steps")] + ["--quiet", "--sample-tokens", "0"]
+        base = ["train", "gpt", "--nproc-per-node", "1", "--out", out] + model
+        run(base + ["--steps", "3", "--checkpoint-every", "2"], timeout=120)
+        def contents(name):
+            with open(os.path.join(out, name), "rb") as f:
+                return f.read()
+
+        before = {f: contents(f) for f in ("metrics.jsonl", "run.json", "timeline.tsv")}
+        cases = [(["--steps", "2", "--checkpoint-dir", os.path.join(temp_dir(), "elsewhere")],
+                  f"{out} holds an earlier run (metrics.jsonl); give another --out, or remove {out} to start over"),
+                 (["--steps", "2", "--resume"],
+                  f"the newest checkpoint in {out}/checkpoints is of step 2, at or past --steps 2: nothing is left to train"),
+                 (["--steps", "2", "--resume", "--checkpoint-dir", os.path.join(temp_dir(), "none")],
+                  f"{out} holds an earlier run (metrics.jsonl) but no checkpoint to resume it from")]
+        for flags, message in cases:
+            proc = run(base + flags, check=False, timeout=60)
+            lines = [l for l in proc.stderr.splitlines() if l.strip()]
+            print(lines[-1] if lines else proc.stderr)
+            self.assertEqual((proc.returncode, len(lines)), (2, 1), proc.stderr)
+            self.assertIn(message, lines[0])
+            for f, content in before.items():
+                self.assertEqual(contents(f), content, f"{flags} changed {f}")
+        run(base + ["--steps", "4", "--resume"], timeout=120)  # steps left: it goes on
+        self.assertEqual(len(contents("metrics.jsonl").splitlines()), 4)
+
     def test_port_in_use(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -3,7 +3,9 @@
 // the same arguments (train_worker.cpp).
 #include <algorithm>
 #include <filesystem>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/launch_flags.h"
@@ -71,16 +73,36 @@ void check_output_dir(const std::string& dir) {
   std::filesystem::remove(probe, error);
 }
 
-// A run that does not --resume must not start among an earlier run's checkpoints: a restart
-// falling back to disk, or a later --resume, would load that run's newest one, and
-// retention (which keeps the newest) would delete this run's. Checked by node 0 when it
-// founds the job (LaunchOptions::before_founding): a node joining a running job, node 0's
-// replacement under an external store too, sees that very job's checkpoints.
-void check_no_earlier_checkpoints(const TrainOptions& opt) {
+// Node 0, as it founds the job (LaunchOptions::before_founding: a node joining a running
+// job, node 0's replacement under an external store too, sees that very job's files):
+// - A run that does not --resume must not start among an earlier run's checkpoints: a
+//   restart falling back to disk, or a later --resume, would load that run's newest one,
+//   and retention (which keeps the newest) would delete this run's.
+// - Nor in an --out that holds an earlier run's metrics or layout: it would write over
+//   them (before 2026-12-07 it did, silently).
+// - A run that does --resume needs steps left to train: resumed at or past --steps it
+//   trained nothing and wrote empty traces over the run's own.
+void check_earlier_run(const TrainOptions& opt) {
+  int64_t newest = -1;
   for (int64_t step : ft::checkpoint_steps(opt.checkpoint_dir))
-    TRIREME_CHECK(!std::filesystem::exists(opt.checkpoint_dir + "/" + std::to_string(step) + "/manifest.json"),
-                  opt.checkpoint_dir, " already holds an earlier run's checkpoints (newest: step ", step,
-                  "); pass --resume to continue that run, or give another --out or --checkpoint-dir");
+    if (std::filesystem::exists(opt.checkpoint_dir + "/" + std::to_string(step) + "/manifest.json"))
+      newest = std::max(newest, step);
+  const std::vector<std::string> earlier_files = {"metrics.jsonl", "run.json"};
+  if (opt.resume) {
+    TRIREME_CHECK(newest < opt.steps, "the newest checkpoint in ", opt.checkpoint_dir, " is of step ", newest,
+                  ", at or past --steps ", opt.steps, ": nothing is left to train; raise --steps to train on");
+    if (newest >= 0) return;
+    for (const std::string& file : earlier_files)
+      TRIREME_CHECK(!std::filesystem::exists(opt.out + "/" + file), opt.out, " holds an earlier run (", file,
+                    ") but no checkpoint to resume it from; give another --out, or remove ", opt.out,
+                    " to start over");
+    return;
+  }
+  TRIREME_CHECK(newest < 0, opt.checkpoint_dir, " already holds an earlier run's checkpoints (newest: step ", newest,
+                "); pass --resume to continue that run, or give another --out");
+  for (const std::string& file : earlier_files)
+    TRIREME_CHECK(!std::filesystem::exists(opt.out + "/" + file), opt.out, " holds an earlier run (", file,
+                  "); give another --out, or remove ", opt.out, " to start over");
 }
 
 }  // namespace
@@ -134,8 +156,7 @@ int train_main(const std::vector<std::string>& args) {
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
   if (opt.device == "cuda") dist::require_cuda_devices(launch_options.nproc_per_node);
-  if (!opt.resume && launch_options.node_rank == 0)
-    launch_options.before_founding = [&opt] { check_no_earlier_checkpoints(opt); };
+  if (launch_options.node_rank == 0) launch_options.before_founding = [&opt] { check_earlier_run(opt); };
   // After every refusal made here, so that these leave no directory; the refusal of a fresh
   // run among earlier checkpoints (before_founding) comes later, inside launch().
   const std::filesystem::path made = first_missing(opt.out);
