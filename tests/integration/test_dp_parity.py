@@ -33,6 +33,7 @@ class DataParallelParity(unittest.TestCase):
     @classmethod
     def train(cls, nproc, micro, extra=()):
         out = os.path.join(cls.dir, f"n{nproc}-m{micro}" + "".join(extra).replace("-", "_"))
+        shutil.rmtree(out, ignore_errors=True)  # (run again by each test: trireme train keeps an earlier run)
         dump = out + ".params"
         run(["train", "gpt", "--nproc-per-node", str(nproc), "--micro-batches", str(micro),
              "--out", out, "--dump-params", dump] + MODEL + list(extra))

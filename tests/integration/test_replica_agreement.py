@@ -27,7 +27,8 @@ class ReplicaAgreement(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
 
     def train(self, layout, env=None):
-        return run(["train", "gpt", "--out", self.dir + "/run"] + layout + MODEL, env=env, check=False)
+        self.runs = getattr(self, "runs", 0) + 1  # an --out each: trireme train keeps an earlier run
+        return run(["train", "gpt", "--out", f"{self.dir}/run{self.runs}"] + layout + MODEL, env=env, check=False)
 
     def check(self, layout):
         agreed = self.train(layout)  # (strict, as the whole suite: common.py)

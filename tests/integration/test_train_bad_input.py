@@ -135,6 +135,27 @@ class TrainBadInput(unittest.TestCase):
         self.refuse(["--nproc-per-node", "2147483647", "--nnodes", "2", "--rdzv", f"127.0.0.1:{free_port()}"] + SMALL,
                     "--nproc-per-node must be in 1..1024")
 
+    def test_counts_that_no_run_holds_are_refused(self):
+        # Before: --batch 10^12 ended in std::bad_alloc in the workers, and --keep-checkpoints
+        # 2^32 was cut to 0 in an int and failed at the first checkpoint naming no flag.
+        self.refuse(["--nproc-per-node", "1"] + SMALL + ["--batch", "1000000000000"],
+                    "--batch must be in [1, 1048576] sequences, got 1000000000000")
+        self.refuse(["--nproc-per-node", "1", "--checkpoint-every", "1", "--keep-checkpoints", "4294967296"] + SMALL,
+                    "--keep-checkpoints must be in [1, 1048576], got 4294967296")
+
+    def test_paths_written_later_are_checked_before_the_run(self):
+        # Before: a --checkpoint-dir that is a file failed at the first checkpoint, and a
+        # --dump-params in a missing folder after the last step.
+        work = temp_dir()
+        afile = os.path.join(work, "afile")
+        open(afile, "w").close()
+        self.refuse(["--nproc-per-node", "1", "--checkpoint-every", "1", "--checkpoint-dir", afile] + SMALL,
+                    f"--checkpoint-dir {afile} is a file, not a directory; choose another path")
+        self.refuse(["--nproc-per-node", "1", "--checkpoint-every", "1", "--checkpoint-dir", afile + "/sub"] + SMALL,
+                    f"--checkpoint-dir {afile}/sub: {afile} is a file, not a directory")
+        self.refuse(["--nproc-per-node", "1", "--dump-params", os.path.join(work, "missing", "p.bin")] + SMALL,
+                    f"--dump-params {work}/missing/p.bin: {work}/missing does not exist; choose another path")
+
     def test_replica_batches_with_an_empty_item(self):
         # "6,2," was read as 2 replicas here but counted 3 by an elastic job's generation.
         for batches in ["6,2,", "6,,2", ",6,2"]:
@@ -207,6 +228,7 @@ class TrainBadInput(unittest.TestCase):
         # Before: a fresh run into an earlier run's --out replaced its metrics and traces
         # (following the refusal above with --checkpoint-dir elsewhere did too), and a
         # --resume at or past --steps trained nothing and wrote empty traces over the run's.
+        # Now those are refused, and a --resume at --steps itself loads and leaves them.
         out = os.path.join(temp_dir(), "run")
         model = SMALL[:SMALL.index("--steps")] + ["--quiet", "--sample-tokens", "0"]
         base = ["train", "gpt", "--nproc-per-node", "1", "--out", out] + model
@@ -218,8 +240,9 @@ class TrainBadInput(unittest.TestCase):
         before = {f: contents(f) for f in ("metrics.jsonl", "run.json", "timeline.tsv")}
         cases = [(["--steps", "2", "--checkpoint-dir", os.path.join(temp_dir(), "elsewhere")],
                   f"{out} holds an earlier run (metrics.jsonl); give another --out, or remove {out} to start over"),
-                 (["--steps", "2", "--resume"],
-                  f"the newest checkpoint in {out}/checkpoints is of step 2, at or past --steps 2: nothing is left to train"),
+                 (["--steps", "1", "--resume"],
+                  f"the newest checkpoint in {out}/checkpoints is of step 2, past --steps 1; raise --steps to train "
+                  "on (--steps 2 loads it without training)"),
                  (["--steps", "2", "--resume", "--checkpoint-dir", os.path.join(temp_dir(), "none")],
                   f"{out} holds an earlier run (metrics.jsonl) but no checkpoint to resume it from")]
         for flags, message in cases:
@@ -230,6 +253,10 @@ class TrainBadInput(unittest.TestCase):
             self.assertIn(message, lines[0])
             for f, content in before.items():
                 self.assertEqual(contents(f), content, f"{flags} changed {f}")
+        loaded = run(base + ["--steps", "2", "--resume", "--dump-params", os.path.join(temp_dir(), "p.bin")])
+        self.assertIn("nothing to train", loaded.stderr)
+        for f, content in before.items():
+            self.assertEqual(contents(f), content, f"the load at --steps changed {f}")
         run(base + ["--steps", "4", "--resume"], timeout=120)  # steps left: it goes on
         self.assertEqual(len(contents("metrics.jsonl").splitlines()), 4)
 

@@ -1,6 +1,8 @@
 // `trireme train gpt`: checks every flag it can before any process starts, then launches
 // its own ranks through the launcher, each running `trireme __train-worker gpt ARGS` with
 // the same arguments (train_worker.cpp).
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -61,6 +63,33 @@ void remove_empty_dirs(const std::string& dir, const std::filesystem::path& top)
   }
 }
 
+// Before the run starts: `path` can be made where it is needed (a --checkpoint-dir was
+// found to be a file at the first checkpoint, a --dump-params without its folder after the
+// last step: hours into a run). A directory is made with its missing parents; a file's
+// folder must exist.
+void check_creatable(const std::string& path, const char* flag, bool directory) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path p = resolved(path);
+  TRIREME_CHECK(!p.empty(), flag, " ", path, ": not a usable path; choose another");
+  const fs::file_status status = fs::status(p, error);
+  if (fs::exists(status)) {
+    TRIREME_CHECK(fs::is_directory(status) == directory, flag, " ", path, " is a ",
+                  directory ? "file, not a directory" : "directory, not a file", "; choose another path");
+    TRIREME_CHECK(::access(p.c_str(), directory ? W_OK | X_OK : W_OK) == 0, flag, " ", path,
+                  " is not writable; choose a writable path");
+    return;
+  }
+  fs::path parent = p.parent_path();
+  if (directory)
+    while (parent != parent.parent_path() && !fs::exists(fs::status(parent, error))) parent = parent.parent_path();
+  const fs::file_status up = fs::status(parent, error);
+  TRIREME_CHECK(fs::is_directory(up), flag, " ", path, ": ", parent.string(),
+                fs::exists(up) ? " is a file, not a directory" : " does not exist", "; choose another path");
+  TRIREME_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, flag, " ", path, ": ", parent.string(),
+                " is not writable; choose a writable path");
+}
+
 void check_output_dir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
@@ -80,8 +109,9 @@ void check_output_dir(const std::string& dir) {
 //   and retention (which keeps the newest) would delete this run's.
 // - Nor in an --out that holds an earlier run's metrics or layout: it would write over
 //   them (before 2026-12-07 it did, silently).
-// - A run that does --resume needs steps left to train: resumed at or past --steps it
-//   trained nothing and wrote empty traces over the run's own.
+// - A run that does --resume cannot be past --steps (it trained nothing and wrote empty
+//   traces over the run's own; resumed at --steps itself it loads the state, dumps it with
+//   --dump-params, and leaves the run's files alone).
 void check_earlier_run(const TrainOptions& opt) {
   int64_t newest = -1;
   for (int64_t step : ft::checkpoint_steps(opt.checkpoint_dir))
@@ -89,8 +119,9 @@ void check_earlier_run(const TrainOptions& opt) {
       newest = std::max(newest, step);
   const std::vector<std::string> earlier_files = {"metrics.jsonl", "run.json"};
   if (opt.resume) {
-    TRIREME_CHECK(newest < opt.steps, "the newest checkpoint in ", opt.checkpoint_dir, " is of step ", newest,
-                  ", at or past --steps ", opt.steps, ": nothing is left to train; raise --steps to train on");
+    TRIREME_CHECK(newest <= opt.steps, "the newest checkpoint in ", opt.checkpoint_dir, " is of step ", newest,
+                  ", past --steps ", opt.steps, "; raise --steps to train on (--steps ", newest,
+                  " loads it without training)");
     if (newest >= 0) return;
     for (const std::string& file : earlier_files)
       TRIREME_CHECK(!std::filesystem::exists(opt.out + "/" + file), opt.out, " holds an earlier run (", file,
@@ -159,6 +190,8 @@ int train_main(const std::vector<std::string>& args) {
   if (launch_options.node_rank == 0) launch_options.before_founding = [&opt] { check_earlier_run(opt); };
   // After every refusal made here, so that these leave no directory; the refusal of a fresh
   // run among earlier checkpoints (before_founding) comes later, inside launch().
+  if (opt.checkpoint_every > 0) check_creatable(opt.checkpoint_dir, "--checkpoint-dir", /*directory=*/true);
+  if (!opt.dump_params.empty()) check_creatable(opt.dump_params, "--dump-params", /*directory=*/false);
   const std::filesystem::path made = first_missing(opt.out);
   check_output_dir(opt.out);
 

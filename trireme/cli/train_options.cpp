@@ -228,7 +228,7 @@ void validate_train_options(TrainOptions* o, int world_size) {
   TRIREME_CHECK(o->device == "cpu" || o->device == "cuda", "--device ", o->device,
                 " is not known; use cpu or cuda");
   TRIREME_CHECK(o->steps >= 1, "--steps must be at least 1, got ", o->steps);
-  TRIREME_CHECK(o->batch >= 1, "--batch must be at least 1, got ", o->batch);
+  TRIREME_CHECK(o->batch >= 1 && o->batch <= (1 << 20), "--batch must be in [1, 1048576] sequences, got ", o->batch);
   TRIREME_CHECK(o->micro_batches >= 1 && o->micro_batches <= (1 << 20),
                 "--micro-batches must be in [1, 1048576], got ", o->micro_batches);
   TRIREME_CHECK(o->tp >= 1 && o->pp >= 1, "--tp and --pp must be at least 1");
@@ -272,13 +272,15 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 "--bucket-mb and --first-bucket-mb must be in (0, 1048576] MiB");
   TRIREME_CHECK(o->trace_steps >= 0 && o->sample_tokens >= 0 && o->log_every >= 1,
                 "--trace-steps and --sample-tokens must be >= 0, --log-every >= 1");
+  o->trace_steps = std::min(o->trace_steps, o->steps);  // (all of them: a larger count overflowed)
   if (o->warmup < 0) o->warmup = o->steps / 10;
   optim::LrSchedule{o->lr, o->min_lr, o->warmup, o->steps}.validate();
   TRIREME_CHECK(o->weight_decay >= 0, "--weight-decay must be >= 0");
   TRIREME_CHECK(o->clip >= 0, "--clip must be >= 0 (0 turns clipping off)");
   TRIREME_CHECK(o->checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0: no checkpoints), got ",
                 o->checkpoint_every);
-  TRIREME_CHECK(o->keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", o->keep_checkpoints);
+  TRIREME_CHECK(o->keep_checkpoints >= 1 && o->keep_checkpoints <= (1 << 20),
+                "--keep-checkpoints must be in [1, 1048576], got ", o->keep_checkpoints);
   TRIREME_CHECK(o->snapshot_every >= -1, "--snapshot-every must be >= 0 (0: no snapshots), got ",
                 o->snapshot_every);
   TRIREME_CHECK(o->snapshot_share >= -1 && o->snapshot_share <= 1,

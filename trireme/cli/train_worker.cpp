@@ -616,8 +616,11 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::filesystem::create_directories(opt.out);
   std::unique_ptr<obs::MetricsWriter> metrics;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
-  if (leader && first_step > 0) keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step, &loss_curve);
-  if (leader) metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
+  // (Resumed at --steps itself, nothing is trained and metrics.jsonl is left whole.)
+  if (leader && first_step > 0 && first_step < opt.steps)
+    keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step, &loss_curve);
+  if (leader && first_step < opt.steps)
+    metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
   obs::Timeline timeline(rank);
@@ -806,7 +809,22 @@ int train_worker_main(const std::vector<std::string>& args) {
   memory.add_to(entry);
   const std::vector<std::string> entries = world.gather_on_leader("summary", entry.str());
   const std::vector<std::string> memory_lines = world.gather_on_leader("memory", memory.line(rank));
-  if (leader) {
+  // Resumed at --steps itself (to load a checkpoint, e.g. under another layout, and dump its
+  // parameters): nothing was trained, and the run's traces, layout and loss curve are left
+  // as they are (before 2026-12-07 they were written over with empty ones).
+  const bool trained = first_step < opt.steps;
+  if (leader && !trained) {
+    if (!opt.dump_params.empty()) {
+      std::string all;
+      for (const auto& d : dumps) all += d;
+      obs::write_text_file(opt.dump_params, all);
+    }
+    std::fprintf(stderr, "gpt: resumed at step %lld, which is --steps: nothing to train; %s left as they were\n",
+                 (long long)first_step,
+                 opt.dump_params.empty() ? (opt.out + "'s files").c_str()
+                                         : ("wrote " + opt.dump_params + ", " + opt.out + "'s files").c_str());
+  }
+  if (leader && trained) {
     // This generation traced the window's steps from where it started (a resumed one
     // traced none of those before its first step); [first, first - 1] when none.
     const int64_t first_traced = std::max(trace_first, first_step);
