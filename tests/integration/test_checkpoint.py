@@ -330,6 +330,21 @@ class Checkpoints(unittest.TestCase):
             code, _, err = self.inspect(os.path.join(root, "4"))
             self.assertEqual((code, len(err)), (1, 1), err)
             self.assertIn(manifest + ": " + message, err[0])
+        # A manifest without tensors, or a tensor without slices, describes no state: refused
+        # (before: "verified", and --resume failed hard instead of skipping it).
+        name = sorted(data["tensors"])[0]
+        sliceless = dict(data, tensors=dict(data["tensors"], **{name: dict(data["tensors"][name], slices=[])}))
+        for bad, message in ((dict(data, tensors={}), "it holds no tensors"),
+                             (sliceless, f"tensor {name}: its slices cover 0 of its")):
+            with open(manifest, "w") as f:
+                json.dump(dict(bad, format=self.format), f)
+            code, _, err = self.inspect(os.path.join(root, "4"))
+            self.assertEqual((code, len(err)), (1, 1), err)
+            self.assertIn(message, err[0])
+        # A run's --out instead of its checkpoints/: named as such.
+        code, _, err = self.inspect(os.path.dirname(root))
+        self.assertEqual((code, len(err)), (2, 1), err)
+        self.assertIn("holds no checkpoint itself: it looks like a run's --out; inspect", err[0])
         # Numbers that JSON holds but no checkpoint has: refused, not printed as garbage.
         for field, value in (("step", 1e300), ("dp", 2 ** 40), ("tp", -1)):
             bad = dict(data, **{"format": self.format, field: value})

@@ -362,6 +362,12 @@ class ExternalStore(unittest.TestCase):
                 self.assertEqual(one_line(err), f"trireme run: the rendezvous store at 127.0.0.1:{port} already "
                                                 "served a job, which has ended; start a fresh `trireme store` for "
                                                 "each job")
+                # A second store on the same port: its own flag named (before: --rdzv).
+                again = subprocess.run([TRIREME, "store", "--port", str(port)], capture_output=True, text=True,
+                                       timeout=TIMEOUT)
+                self.assertEqual(again.returncode, 2, again.stderr)
+                self.assertEqual(one_line(again.stderr), f"trireme store: error: --port {port} is already in use on "
+                                                         "this machine; pick a free port, or 0 for an ephemeral one")
                 store.send_signal(signal.SIGHUP)
                 self.assertEqual(store.wait(timeout=30), 0)
                 self.assertIn("trireme store: stopped by SIGHUP", store.stdout.read())

@@ -188,6 +188,10 @@ class ProfileBadInput(unittest.TestCase):
         self.refuse(["gpt", "--dim", "30", "--heads", "4"], "--heads")
         self.refuse(["gpt", "--nproc-per-node", "1"], "needs at least 2")
         self.refuse(["bert"], "unknown model 'bert'")
+        self.refuse(["gpt", "extra"], "unexpected argument 'extra' after 'trireme profile gpt'")  # (was: model 'gpt')
+        # (Before: "give --max-restarts N", a flag trireme profile does not take.)
+        self.refuse(["gpt", "--nnodes", "1:2", "--rdzv", "127.0.0.1:1"], "--nnodes MIN:MAX: a profile needs a fixed "
+                    "set of ranks; give --nnodes N")
         self.refuse([], "name the model to profile")
         self.refuse(["gpt", "--out", "/nonexistent/dir/profile.json"], "does not exist")
         # Only the launcher flags that say where ranks run: a profile neither restarts nor

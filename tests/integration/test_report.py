@@ -202,6 +202,12 @@ class Report(unittest.TestCase):
         out = make_run(layout={"schedule": "pipedream"})
         self.refuse([out], ["run.json", "pipedream"])
 
+        # Sizes past an int, or whose product is (before: cut to 2, and 0 ranks drawn, exit 0).
+        out = make_run(layout={"micro_batches": 4294967298})
+        self.refuse([out], ["run.json: \"micro_batches\" must be an integer in [1, 2147483647], got 4294967298"])
+        out = make_run(layout={"dp": 65536, "tp": 65536, "ranks": []})
+        self.refuse([out], ["run.json: dp*tp*pp = 8589934592 ranks, more than a run has"])
+
         # A run trained with --trace-steps 0 writes [first, first - 1]: it traced nothing.
         out = make_run(layout={"traced_steps": [2, 1]})
         self.refuse([out], ["the run traced no steps (--trace-steps 0, or it resumed after", "--trace-steps N"])

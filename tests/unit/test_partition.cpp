@@ -81,6 +81,7 @@ TEST(Partition, ParsesAndChecksExplicitSplit) {
   EXPECT_THROW(parse_split("0:4,3:8", 8, 2), trireme::InvalidArgument);   // overlap
   EXPECT_THROW(parse_split("0:4,4:7", 8, 2), trireme::InvalidArgument);   // short
   EXPECT_THROW(parse_split("0:4,4:8", 8, 3), trireme::InvalidArgument);   // count
+  EXPECT_THROW(parse_split("0:4,4:8,", 8, 2), trireme::InvalidArgument);  // a trailing comma (was accepted)
   EXPECT_THROW(parse_split("0-4,4:8", 8, 2), trireme::InvalidArgument);   // syntax
   EXPECT_THROW(parse_split("0:4,4:4,4:8", 8, 3), trireme::InvalidArgument);  // empty part
   // Out of int's range: not cut down to a number that passes (4294967298 wrapped to 2).

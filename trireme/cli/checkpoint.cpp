@@ -52,6 +52,9 @@ int checkpoint_main(const std::vector<std::string>& args) {
   std::vector<std::string> skipped;
   const auto latest = ft::Checkpoint::find_latest(dir, &skipped);
   for (const auto& why : skipped) std::printf("skipped: %s\n", why.c_str());
+  if (!latest && skipped.empty() && std::filesystem::is_directory(dir + "/checkpoints"))
+    TRIREME_THROW(InvalidArgument, dir, " holds no checkpoint itself: it looks like a run's --out; inspect ", dir,
+                  "/checkpoints");
   if (!latest) TRIREME_THROW(CheckpointCorrupt, "no checkpoint under ", dir, " verifies");
   std::printf("%s  verified: manifest, file lengths and every slice's CRC-32\n", latest->describe().c_str());
   return 0;

@@ -283,8 +283,12 @@ int profile_main(const std::vector<std::string>& args) {
     return 0;
   }
   TRIREME_CHECK(!positional.empty(), "name the model to profile: trireme profile gpt ...");
-  TRIREME_CHECK(positional[0] == "gpt" && positional.size() == 1, "unknown model '", positional[0],
-                "' (or extra argument); the available model is: gpt");
+  TRIREME_CHECK(positional[0] == "gpt", "unknown model '", positional[0], "'; the available model is: gpt");
+  TRIREME_CHECK(positional.size() == 1, "unexpected argument '", positional[1], "' after 'trireme profile gpt'; run "
+                "'trireme profile --help' for the flags");
+  // (Before the launcher's own checks, which would ask an elastic job for --max-restarts.)
+  TRIREME_CHECK(launch_flags.nnodes.find(':') == std::string::npos,
+                "--nnodes MIN:MAX: a profile needs a fixed set of ranks; give --nnodes N");
   finish_profile_options(&opt);
   check_output_file(opt.out);
 
@@ -293,8 +297,6 @@ int profile_main(const std::vector<std::string>& args) {
   // The workers write the file: give them the path as this process sees it.
   command.insert(command.end(), {"--out", std::filesystem::absolute(opt.out).string()});
   const launch::LaunchOptions launch_options = finish_launch_flags(launch_flags, command);
-  TRIREME_CHECK(!launch::elastic(launch_options),
-                "--nnodes MIN:MAX: a profile needs a fixed set of ranks; give --nnodes N");
   TRIREME_CHECK(launch_options.nproc_per_node * launch_options.nnodes >= 2, "--nproc-per-node ",
                 launch_options.nproc_per_node,
                 ": trireme profile measures communication between ranks and needs at least 2; use "

@@ -82,8 +82,15 @@ class Fields {
                   "\"; ", hint_);
     return *it;
   }
-  int integer(const char* key) const {
-    return get(key, &json::is_number_integer, "integer").get<int>();
+  // In [min, max] (an int: json's get<int> cut 4294967298 to 2).
+  int integer(const char* key, int64_t min = std::numeric_limits<int>::min(),
+              int64_t max = std::numeric_limits<int>::max()) const {
+    const json& v = get(key, &json::is_number_integer, "integer");
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max)
+                                             : v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+    TRIREME_CHECK(fits && v.get<int64_t>() >= min, where_, ": \"", key, "\" must be an integer in [", min, ", ", max,
+                  "], got ", v.dump(), "; ", hint_);
+    return static_cast<int>(v.get<int64_t>());
   }
   std::string text(const char* key) const {
     return get(key, &json::is_string, "string").get<std::string>();
@@ -105,22 +112,24 @@ RunLayout read_layout(const std::string& dir) {
   layout.command = fields.text("command");
   layout.mesh = fields.text("mesh");
   layout.schedule = fields.text("schedule");
-  layout.dp = fields.integer("dp");
-  layout.tp = fields.integer("tp");
-  layout.pp = fields.integer("pp");
-  layout.micro_batches = fields.integer("micro_batches");
-  layout.chunks = fields.integer("chunks");
-  TRIREME_CHECK(layout.dp >= 1 && layout.tp >= 1 && layout.pp >= 1, file,
-                ": dp, tp and pp must be >= 1, got ", layout.dp, ", ", layout.tp, ", ", layout.pp,
-                "; ", hint);
+  // (Each at most a run's ranks, and their product too: dp = tp = 65536 was 0 in an int.)
+  constexpr int64_t kMostRanks = 1 << 20;
+  layout.dp = fields.integer("dp", 1, kMostRanks);
+  layout.tp = fields.integer("tp", 1, kMostRanks);
+  layout.pp = fields.integer("pp", 1, kMostRanks);
+  layout.micro_batches = fields.integer("micro_batches", 1);
+  layout.chunks = fields.integer("chunks", 1);
+  TRIREME_CHECK(int64_t{layout.dp} * layout.tp * layout.pp <= kMostRanks, file, ": dp*tp*pp = ",
+                int64_t{layout.dp} * layout.tp * layout.pp, " ranks, more than a run has (", kMostRanks, "); ", hint);
   const json& steps = fields.get("traced_steps", &json::is_array, "array");
   // (--trace-steps 0 writes [first, first - 1]: a run that traced nothing.)
   TRIREME_CHECK(!(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
-                  steps[0].get<int>() == steps[1].get<int>() + 1),
+                  steps[0].get<int64_t>() == steps[1].get<int64_t>() + 1),
                 file, ": the run traced no steps (--trace-steps 0, or it resumed after the traced ones); train "
                 "again with --trace-steps N (N >= 1) to draw its schedule");
   TRIREME_CHECK(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
-                    steps[0].get<int>() >= 1 && steps[0].get<int>() <= steps[1].get<int>(),
+                    steps[0].get<int64_t>() >= 1 && steps[0].get<int64_t>() <= steps[1].get<int64_t>() &&
+                    steps[1].get<int64_t>() <= std::numeric_limits<int>::max(),
                 file, ": \"traced_steps\" must be [first, last] with 1 <= first <= last, got ",
                 steps.dump(), "; ", hint);
   layout.first_step = steps[0].get<int>();

@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <memory>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
@@ -30,7 +31,13 @@ int store_main(const std::vector<std::string>& args) {
                 "'; usage: trireme store --port P");
   TRIREME_CHECK(port >= 0 && port <= 65535, "--port must be 0..65535, got ", port);
   launch::SignalPipe signals;  // any signal but SIGCHLD ends the wait below
-  const auto store = launch::TcpStoreChannel::host(port, std::chrono::seconds(30));
+  std::unique_ptr<launch::TcpStoreChannel> store;
+  try {
+    store = launch::TcpStoreChannel::host(port, std::chrono::seconds(30));
+  } catch (const InvalidArgument&) {  // (host's one refusal, which names trireme run's --rdzv)
+    TRIREME_THROW(InvalidArgument, "--port ", port, " is already in use on this machine; pick a free port, or 0 for "
+                  "an ephemeral one");
+  }
   std::printf("trireme store: listening on port %d; start the agents with --rdzv HOST:%d --rdzv-external\n",
               store->port(), store->port());
   std::fflush(stdout);

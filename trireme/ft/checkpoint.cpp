@@ -349,10 +349,22 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
         tensor.slices.push_back(std::move(slice));
       }
       std::vector<Box> boxes;
-      for (const Slice& slice : tensor.slices) boxes.push_back(slice.box);
+      int64_t covered = 0, elements = 1;
+      bool overflow = false;
+      for (const Slice& slice : tensor.slices) {
+        boxes.push_back(slice.box);
+        overflow |= __builtin_add_overflow(covered, slice.box.numel(), &covered);
+      }
+      for (int64_t size : tensor.shape) overflow |= __builtin_mul_overflow(elements, size, &elements);
+      if (overflow) TRIREME_THROW(CheckpointCorrupt, at, ": its shape or slices hold too many elements");
       check_disjoint(std::move(boxes), at);
+      // Disjoint boxes inside the shape: their elements add up to the tensor's only when they
+      // cover all of it (before, a tensor without slices verified, and loading failed later).
+      if (covered != elements)
+        TRIREME_THROW(CheckpointCorrupt, at, ": its slices cover ", covered, " of its ", elements, " elements");
       c.tensors_[name] = std::move(tensor);
     }
+    if (c.tensors_.empty()) TRIREME_THROW(CheckpointCorrupt, where, ": it holds no tensors");
     for (const auto& [file, bytes] : needed) {
       const std::string path = dir + "/" + file;
       std::ifstream f(path, std::ios::binary);

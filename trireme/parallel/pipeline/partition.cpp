@@ -50,6 +50,8 @@ std::vector<LayerRange> balance_partition(const std::vector<double>& costs, int 
 
 std::vector<LayerRange> parse_split(const std::string& text, int layers, int parts) {
   std::vector<LayerRange> ranges;
+  // (getline drops a last empty item: "0:2,2:4," was taken as two parts.)
+  TRIREME_CHECK(text.empty() || text.back() != ',', "--pp-split '", text, "' ends with a comma; drop it");
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     const auto colon = item.find(':');
