@@ -360,11 +360,13 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
       check_disjoint(std::move(boxes), at);
       // Disjoint boxes inside the shape: their elements add up to the tensor's only when they
       // cover all of it (before, a tensor without slices verified, and loading failed later).
-      if (covered != elements)
+      // Only a whole job's checkpoint covers every tensor: a rank's snapshot (rank >= 0)
+      // holds its own shards.
+      if (c.layout_.rank < 0 && covered != elements)
         TRIREME_THROW(CheckpointCorrupt, at, ": its slices cover ", covered, " of its ", elements, " elements");
       c.tensors_[name] = std::move(tensor);
     }
-    if (c.tensors_.empty()) TRIREME_THROW(CheckpointCorrupt, where, ": it holds no tensors");
+    if (c.layout_.rank < 0 && c.tensors_.empty()) TRIREME_THROW(CheckpointCorrupt, where, ": it holds no tensors");
     for (const auto& [file, bytes] : needed) {
       const std::string path = dir + "/" + file;
       std::ifstream f(path, std::ios::binary);
