@@ -73,50 +73,34 @@ TEST(PlanProfile, JsonRoundTripAndBadFieldNamesItsPath) {
   ASSERT_EQ(q.layers.size(), p.layers.size());
   EXPECT_EQ(q.layers[1].name, "h.0");
   EXPECT_DOUBLE_EQ(q.layers[3].timings[1].backward_weight_s, 2.0);
-  std::string text = to_json(p);
-  const std::string needle = "\"forward_s\": 1.0";
-  const auto at = text.find(needle);
-  ASSERT_NE(at, std::string::npos) << text.substr(0, 400);
-  text.replace(at, needle.size(), "\"forward_s\": -1");
-  try {
-    parse_profile(text, "p.json");
-    FAIL() << "a negative time was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("p.json: layers[0].timings[0].forward_s must be a number >= 0"),
-              std::string::npos)
-        << e.what();
-  }
+  // The refusal of `profile`'s JSON with its first `from` replaced by `to`.
+  auto refusal = [](const Profile& profile, const std::string& from, const std::string& to) {
+    std::string text = to_json(profile);
+    const auto at = text.find(from);
+    if (at == std::string::npos) return "no " + from + " in the profile";
+    text.replace(at, from.size(), to);
+    try {
+      parse_profile(text, "p.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return "accepted: " + to;
+  };
+  EXPECT_NE(refusal(p, "\"forward_s\": 1.0", "\"forward_s\": -1")
+                .find("p.json: layers[0].timings[0].forward_s must be a number >= 0"),
+            std::string::npos);
   // An integer past an int is refused, not narrowed (4294967298 read as 2).
-  text = to_json(p);
-  const std::string world = "\"world\": 2";
-  ASSERT_NE(text.find(world), std::string::npos);
-  text.replace(text.find(world), world.size(), "\"world\": 4294967298");
-  try {
-    parse_profile(text, "p.json");
-    FAIL() << "allreduce.world 4294967298 was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("p.json: allreduce.world must be an integer >= 2 and <= 2147483647 "
-                                         "(got 4294967298)"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_NE(refusal(p, "\"world\": 2", "\"world\": 4294967298")
+                .find("p.json: allreduce.world must be an integer >= 2 and <= 2147483647 (got 4294967298)"),
+            std::string::npos);
   // A whole-step row measured on more ranks than a machine runs: calibration would replay
   // it on as many (2e9: allocations until bad_alloc), so the field is refused by name.
   Profile measured = p;
   measured.training_step = {{1, 0.5, 2}};
-  text = to_json(measured);
-  const std::string dp = "\"data_parallel\": 2";
-  ASSERT_NE(text.find(dp), std::string::npos) << text;
-  EXPECT_EQ(parse_profile(text, "p.json").training_step.at(0).data_parallel, 2);
-  text.replace(text.find(dp), dp.size(), "\"data_parallel\": 2000000000");
-  try {
-    parse_profile(text, "p.json");
-    FAIL() << "training_step[0].data_parallel 2000000000 was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("p.json: training_step[0].data_parallel must be an integer >= 1 and <= 4096"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(parse_profile(to_json(measured), "p.json").training_step.at(0).data_parallel, 2);
+  EXPECT_NE(refusal(measured, "\"data_parallel\": 2", "\"data_parallel\": 2000000000")
+                .find("p.json: training_step[0].data_parallel must be an integer >= 1 and <= 4096"),
+            std::string::npos);
 }
 
 TEST(PlanCluster, ReadsCatalogDevicesAndOverrides) {
