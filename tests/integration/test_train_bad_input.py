@@ -155,6 +155,11 @@ class TrainBadInput(unittest.TestCase):
                     f"--checkpoint-dir {afile}/sub: {afile} is a file, not a directory")
         self.refuse(["--nproc-per-node", "1", "--dump-params", os.path.join(work, "missing", "p.bin")] + SMALL,
                     f"--dump-params {work}/missing/p.bin: {work}/missing does not exist; choose another path")
+        # A dump inside an --out that the run makes is fine (the check comes after --out is made).
+        fresh = os.path.join(work, "fresh")
+        run(["train", "gpt", "--nproc-per-node", "1", "--out", fresh, "--dump-params", fresh + "/p.bin",
+             "--sample-tokens", "0"] + SMALL, timeout=120)
+        self.assertTrue(os.path.exists(fresh + "/p.bin"))
 
     def test_replica_batches_with_an_empty_item(self):
         # "6,2," was read as 2 replicas here but counted 3 by an elastic job's generation.

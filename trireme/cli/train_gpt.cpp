@@ -190,10 +190,19 @@ int train_main(const std::vector<std::string>& args) {
   if (launch_options.node_rank == 0) launch_options.before_founding = [&opt] { check_earlier_run(opt); };
   // After every refusal made here, so that these leave no directory; the refusal of a fresh
   // run among earlier checkpoints (before_founding) comes later, inside launch().
+  // (Every rank writes its checkpoint shards; rank 0 the dump, on node 0 unless an elastic
+  // job renumbered it, after --out is made: a dump inside a new --out is fine.)
   if (opt.checkpoint_every > 0) check_creatable(opt.checkpoint_dir, "--checkpoint-dir", /*directory=*/true);
-  if (!opt.dump_params.empty()) check_creatable(opt.dump_params, "--dump-params", /*directory=*/false);
   const std::filesystem::path made = first_missing(opt.out);
   check_output_dir(opt.out);
+  if (!opt.dump_params.empty() && (launch_options.node_rank == 0 || launch::elastic(launch_options))) {
+    try {
+      check_creatable(opt.dump_params, "--dump-params", /*directory=*/false);
+    } catch (const Error&) {
+      remove_empty_dirs(opt.out, made);
+      throw;
+    }
+  }
 
   launch::LaunchResult result;
   try {

@@ -616,10 +616,13 @@ int train_worker_main(const std::vector<std::string>& args) {
   std::filesystem::create_directories(opt.out);
   std::unique_ptr<obs::MetricsWriter> metrics;
   obs::Series loss_curve{"loss (global batch)", {}, {}};
-  // (Resumed at --steps itself, nothing is trained and metrics.jsonl is left whole.)
-  if (leader && first_step > 0 && first_step < opt.steps)
-    keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step, &loss_curve);
-  if (leader && first_step < opt.steps)
+  // A run resumed (--resume) at --steps itself trains nothing: it loads the state (for
+  // --dump-params, or to check a load under another layout) and leaves the run's metrics,
+  // traces and layout as they were (before 2026-12-07 it wrote empty ones over them). A
+  // restart there (a worker failed after the last step) still writes them: this job's own.
+  const bool trained = first_step < opt.steps || restart > 0;
+  if (leader && first_step > 0 && trained) keep_metrics_up_to(opt.out + "/metrics.jsonl", first_step, &loss_curve);
+  if (leader && trained)
     metrics = std::make_unique<obs::MetricsWriter>(opt.out + "/metrics.jsonl", /*append=*/first_step > 0);
   const bool live = std::getenv("TRIREME_TTY") && std::string(std::getenv("TRIREME_TTY")) == "1";
   obs::ProgressLine progress(stderr, live, opt.log_every);
@@ -809,10 +812,6 @@ int train_worker_main(const std::vector<std::string>& args) {
   memory.add_to(entry);
   const std::vector<std::string> entries = world.gather_on_leader("summary", entry.str());
   const std::vector<std::string> memory_lines = world.gather_on_leader("memory", memory.line(rank));
-  // Resumed at --steps itself (to load a checkpoint, e.g. under another layout, and dump its
-  // parameters): nothing was trained, and the run's traces, layout and loss curve are left
-  // as they are (before 2026-12-07 they were written over with empty ones).
-  const bool trained = first_step < opt.steps;
   if (leader && !trained) {
     if (!opt.dump_params.empty()) {
       std::string all;
