@@ -86,9 +86,10 @@ class Fields {
   int integer(const char* key, int64_t min = std::numeric_limits<int>::min(),
               int64_t max = std::numeric_limits<int>::max()) const {
     const json& v = get(key, &json::is_number_integer, "integer");
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max)
-                                             : v.get<int64_t>() >= min && v.get<int64_t>() <= max;
-    TRIREME_CHECK(fits && v.get<int64_t>() >= min, where_, ": \"", key, "\" must be an integer in [", min, ", ", max,
+    // (An unsigned value past int64_t's range would wrap in get<int64_t>.)
+    const bool fits = (!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(max)) &&
+                      v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+    TRIREME_CHECK(fits, where_, ": \"", key, "\" must be an integer in [", min, ", ", max,
                   "], got ", v.dump(), "; ", hint_);
     return static_cast<int>(v.get<int64_t>());
   }

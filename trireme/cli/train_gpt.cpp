@@ -117,23 +117,21 @@ void check_earlier_run(const TrainOptions& opt) {
   for (int64_t step : ft::checkpoint_steps(opt.checkpoint_dir))
     if (std::filesystem::exists(opt.checkpoint_dir + "/" + std::to_string(step) + "/manifest.json"))
       newest = std::max(newest, step);
-  const std::vector<std::string> earlier_files = {"metrics.jsonl", "run.json"};
+  std::string earlier;  // the first of an earlier run's files in --out, "" when none
+  for (const char* file : {"metrics.jsonl", "run.json"})
+    if (earlier.empty() && std::filesystem::exists(opt.out + "/" + file)) earlier = file;
   if (opt.resume) {
     TRIREME_CHECK(newest <= opt.steps, "the newest checkpoint in ", opt.checkpoint_dir, " is of step ", newest,
                   ", past --steps ", opt.steps, "; raise --steps to train on (--steps ", newest,
                   " loads it without training)");
-    if (newest >= 0) return;
-    for (const std::string& file : earlier_files)
-      TRIREME_CHECK(!std::filesystem::exists(opt.out + "/" + file), opt.out, " holds an earlier run (", file,
-                    ") but no checkpoint to resume it from; give another --out, or remove ", opt.out,
-                    " to start over");
+    TRIREME_CHECK(newest >= 0 || earlier.empty(), opt.out, " holds an earlier run (", earlier,
+                  ") but no checkpoint to resume it from; give another --out, or remove ", opt.out, " to start over");
     return;
   }
   TRIREME_CHECK(newest < 0, opt.checkpoint_dir, " already holds an earlier run's checkpoints (newest: step ", newest,
                 "); pass --resume to continue that run, or give another --out");
-  for (const std::string& file : earlier_files)
-    TRIREME_CHECK(!std::filesystem::exists(opt.out + "/" + file), opt.out, " holds an earlier run (", file,
-                  "); give another --out, or remove ", opt.out, " to start over");
+  TRIREME_CHECK(earlier.empty(), opt.out, " holds an earlier run (", earlier, "); give another --out, or remove ",
+                opt.out, " to start over");
 }
 
 }  // namespace

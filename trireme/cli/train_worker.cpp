@@ -812,17 +812,16 @@ int train_worker_main(const std::vector<std::string>& args) {
   memory.add_to(entry);
   const std::vector<std::string> entries = world.gather_on_leader("summary", entry.str());
   const std::vector<std::string> memory_lines = world.gather_on_leader("memory", memory.line(rank));
-  if (leader && !trained) {
-    if (!opt.dump_params.empty()) {
-      std::string all;
-      for (const auto& d : dumps) all += d;
-      obs::write_text_file(opt.dump_params, all);
-    }
+  if (leader && !opt.dump_params.empty()) {
+    std::string all;
+    for (const auto& d : dumps) all += d;  // each stage once, in rank order
+    obs::write_text_file(opt.dump_params, all);
+  }
+  if (leader && !trained)
     std::fprintf(stderr, "gpt: resumed at step %lld, which is --steps: nothing to train; %s left as they were\n",
                  (long long)first_step,
                  opt.dump_params.empty() ? (opt.out + "'s files").c_str()
                                          : ("wrote " + opt.dump_params + ", " + opt.out + "'s files").c_str());
-  }
   if (leader && trained) {
     // This generation traced the window's steps from where it started (a resumed one
     // traced none of those before its first step); [first, first - 1] when none.
@@ -837,11 +836,6 @@ int train_worker_main(const std::vector<std::string>& args) {
                                                          : "no steps traced";
     obs::write_text_file(opt.out + "/timeline.svg",
                          obs::timeline_svg("trireme train gpt, " + steps + ": " + mesh.describe(), ranks));
-    if (!opt.dump_params.empty()) {
-      std::string all;
-      for (const auto& d : dumps) all += d;  // each stage once, in rank order
-      obs::write_text_file(opt.dump_params, all);
-    }
     obs::write_text_file(opt.out + "/loss.svg",
                          obs::line_chart_svg("trireme train gpt: " + mesh.describe(), "step",
                                              "cross-entropy (nats/byte)", {loss_curve}));

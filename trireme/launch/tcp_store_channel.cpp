@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "trireme/common/error.h"
+#include "trireme/dist/backend.h"
 
 namespace trireme::launch {
 namespace {
@@ -20,12 +21,6 @@ std::string one_line(std::string text) {
   for (char& c : text)
     if (c == '\n' || c == '\r') c = ' ';
   return text;
-}
-
-// An exception's text without c10's backtrace (15 frames of C++ in a one-line error).
-std::string error_text(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return one_line(c10_error->what_without_backtrace());
-  return one_line(e.what());
 }
 
 // While alive, c10's own log lines below FATAL are not printed: a store that cannot be
@@ -53,9 +48,9 @@ auto guarded(const char* what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const c10::Error& e) {
-    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", error_text(e));
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", one_line(dist::error_text(e)));
   } catch (const std::system_error& e) {
-    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", error_text(e));
+    TRIREME_THROW(CommError, "rendezvous store ", what, " failed: ", one_line(dist::error_text(e)));
   }
 }
 
@@ -80,7 +75,7 @@ std::unique_ptr<TcpStoreChannel> TcpStoreChannel::host(int port,
   try {
     impl->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
   } catch (const std::exception& e) {
-    const std::string text = error_text(e);
+    const std::string text = one_line(dist::error_text(e));
     TRIREME_CHECK(!mentions_address_in_use(text), "--rdzv port ", port,
                   " is already in use on this machine; pick a free port");
     TRIREME_THROW(CommError, "cannot start the rendezvous store on port ", port, ": ", text);
@@ -104,7 +99,7 @@ std::unique_ptr<TcpStoreChannel> TcpStoreChannel::connect(const std::string& hos
                   " within ", timeout.count() / 1000,
                   " s; start node 0's 'trireme run' with the same --rdzv first, or raise "
                   "--join-timeout (",
-                  error_text(e), ")");
+                  one_line(dist::error_text(e)), ")");
   }
   return std::unique_ptr<TcpStoreChannel>(new TcpStoreChannel(std::move(impl)));
 }
