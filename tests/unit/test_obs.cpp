@@ -3,12 +3,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "trireme/obs/json.h"
 #include "trireme/obs/metrics.h"
@@ -23,6 +26,8 @@ TEST(Json, ObjectAndEscaping) {
   o.add("step", 3).add("loss", 2.123456789012).add("name", "a\"b\n").add("ok", true);
   EXPECT_EQ(o.str(), R"({"step": 3, "loss": 2.123456789, "name": "a\"b\n", "ok": true})");
   EXPECT_EQ(json_number(1.0 / 0.0), "null");
+  EXPECT_EQ(json_number(-1.0 / 0.0), "null");
+  EXPECT_EQ(json_number(std::nan("")), "null");
 }
 
 TEST(Progress, Formats) {
@@ -31,6 +36,12 @@ TEST(Progress, Formats) {
   EXPECT_EQ(format_duration(3720), "1h02m");
   EXPECT_EQ(format_count(18300), "18.3k");
   EXPECT_EQ(format_count(1.2e6), "1.20M");
+  // A value never prints as 1000 of a unit: it takes the next one.
+  EXPECT_EQ(format_count(999.4), "999");
+  EXPECT_EQ(format_count(999.6), "1.0k");
+  EXPECT_EQ(format_count(999940), "999.9k");
+  EXPECT_EQ(format_count(999960), "1.00M");
+  EXPECT_EQ(format_duration(1e19), "?");  // past what a count of seconds holds
   ProgressState s{42, 200, 2.41371, 18300, 1.21};
   EXPECT_EQ(format_progress(s), "step  42/200 | loss 2.4137 | 18.3k tok/s | 1.21 s/step | ETA 3m11s");
 }
@@ -154,6 +165,16 @@ TEST(Timeline, MalformedTsvIsRefusedNamingTheLine) {
         << error_of(huge);
   }
   EXPECT_EQ(parse_ranks(header + "# rank 0\n# rank 1\n0\t-1e17\t1e17\tcompute\tforward\n")[1].size(), 1u);
+  // Numbers are plain decimals (strtod alone would take " 10", "0x10" and "inf").
+  for (const char* start : {" 10", "0x10", "inf", "+10"}) {
+    const std::string odd = header + "# rank 0\n# rank 1\n0\t" + start + "\t5\tcompute\tforward\n";
+    EXPECT_TRUE(has(error_of(odd), "line 4: start_us must be a number")) << error_of(odd);
+  }
+  // The args go into trace.json as they are: they must be a JSON object.
+  for (const char* args : {"{\"bytes\": 6", "[1]", "7", "{} x"}) {
+    const std::string bad = header + "# rank 0\n# rank 1\n0\t1\t5\tcompute\tforward\t" + args + "\n";
+    EXPECT_TRUE(has(error_of(bad), "line 4: args_json must be a JSON object or empty")) << error_of(bad);
+  }
 }
 
 TEST(Timeline, SvgRowsCanBeNamed) {
@@ -180,6 +201,14 @@ TEST(Plot, LossCurveSvgHasTheSeriesAndLabels) {
   EXPECT_NE(svg.find("points=\"70,40 "), std::string::npos);
   EXPECT_NE(svg.find(" 700,370 \""), std::string::npos);
   EXPECT_NE(line_chart_svg("empty", "x", "y", {}).find("</svg>"), std::string::npos);
+  // Points that cannot be placed (a coordinate not finite, or so large that the axis's
+  // span overflows) are left out; the others are drawn where they would be without them.
+  Series odd{"loss", {1, std::nan(""), 2, 3, 3.5, 4}, {5.5, 1.0, 4.0, 3.0, -1e308, 2.5}};
+  const std::string drawn = line_chart_svg("t", "step", "loss", {odd});
+  EXPECT_EQ(drawn.find("nan"), std::string::npos);
+  EXPECT_EQ(drawn.find("inf"), std::string::npos);
+  EXPECT_NE(drawn.find("points=\"70,40 "), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find(" 700,370 \""), std::string::npos) << drawn;
 }
 
 TEST(Json, XmlEscapeKeepsTheDocumentWellFormed) {
@@ -204,6 +233,10 @@ TEST(Json, InvalidUtf8BecomesReplacementCharacters) {
   EXPECT_EQ(xml_escape("\xED\xA0\x80"), fffd + fffd + fffd);
   EXPECT_EQ(xml_escape("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);
   EXPECT_EQ(xml_escape("<\xFF>"), "&lt;" + fffd + "&gt;");
+  // U+FFFE and U+FFFF are well-formed UTF-8 that XML 1.0 does not allow; JSON carries them.
+  EXPECT_EQ(xml_escape("a\xEF\xBF\xBE" "b\xEF\xBF\xBF"), "a" + fffd + "b" + fffd);
+  EXPECT_EQ(xml_escape("\xEF\xBF\xBD"), fffd);
+  EXPECT_EQ(json_escape("\xEF\xBF\xBF"), "\"\xEF\xBF\xBF\"");
   EXPECT_EQ(json_escape("caf\xE9\n"), "\"caf" + fffd + "\\n\"");
   // Through timeline.svg, as a Latin-1 name in timeline.tsv would go.
   RankEvents rows(1);
@@ -223,7 +256,7 @@ TEST(Plot, WriteTextFileReportsAFailedRenameAndLeavesNoTemporary) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line, "<svg/>");
-  EXPECT_FALSE(fs::exists(dir / "ok.svg.tmp"));
+  write_text_file((dir / "ok.svg").string(), "<svg/>\n");  // over the first, as a rerun does
   // A path that is an existing directory: the rename fails, and that is what is reported.
   const std::string taken = (dir / "taken").string();
   try {
@@ -236,8 +269,13 @@ TEST(Plot, WriteTextFileReportsAFailedRenameAndLeavesNoTemporary) {
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
   EXPECT_TRUE(fs::is_directory(dir / "taken"));
-  EXPECT_FALSE(fs::exists(dir / "taken.tmp"));
   EXPECT_THROW(write_text_file((dir / "missing" / "x.svg").string(), "x"), trireme::InvalidArgument);
+  // No temporary is left behind, neither by the writes nor by the failed one.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ok.svg", "taken"}));
+  EXPECT_EQ(fs::status(dir / "ok.svg").permissions() & fs::perms::others_read, fs::perms::others_read);
   fs::remove_all(dir);
 }
 

@@ -33,6 +33,13 @@ size_t utf8_sequence(const std::string& text, size_t i) {
   return n;
 }
 
+// Whether the n-byte sequence at text[i] is U+FFFE or U+FFFF (EF BF BE/BF), which JSON
+// carries but XML 1.0 does not allow in a document.
+bool noncharacter_ffff(const std::string& text, size_t i, size_t n) {
+  return n == 3 && static_cast<unsigned char>(text[i]) == 0xEF && static_cast<unsigned char>(text[i + 1]) == 0xBF &&
+         static_cast<unsigned char>(text[i + 2]) >= 0xBE;
+}
+
 }  // namespace
 
 std::string json_escape(const std::string& text) {
@@ -74,11 +81,12 @@ std::string xml_escape(const std::string& text) {
     // XML 1.0 allows no control characters but tab, newline and carriage return.
     else if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') out += kReplacement;
     else if (static_cast<unsigned char>(c) < 0x80) out += c;
-    else if (const size_t n = utf8_sequence(text, i)) {
+    else if (const size_t n = utf8_sequence(text, i); n && !noncharacter_ffff(text, i, n)) {
       out.append(text, i, n);
       i += n - 1;
     } else {
       out += kReplacement;
+      if (n) i += n - 1;
     }
   }
   return out;

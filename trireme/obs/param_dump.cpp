@@ -1,9 +1,5 @@
 #include "trireme/obs/param_dump.h"
 
-#include <fstream>
-
-#include "trireme/common/error.h"
-
 namespace trireme::obs {
 
 std::string parameter_dump_bytes(const std::vector<std::pair<std::string, at::Tensor>>& parameters) {
@@ -19,15 +15,6 @@ std::string parameter_dump_bytes(const std::vector<std::pair<std::string, at::Te
     put(values.data_ptr<float>(), count * sizeof(float));
   }
   return out;
-}
-
-void write_parameter_dump(const std::string& path,
-                          const std::vector<std::pair<std::string, at::Tensor>>& parameters) {
-  std::ofstream out(path, std::ios::binary);
-  TRIREME_CHECK(out.good(), "cannot write the parameter dump ", path, "; choose a writable path");
-  const std::string bytes = parameter_dump_bytes(parameters);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TRIREME_CHECK(out.good(), "failed writing the parameter dump ", path);
 }
 
 }  // namespace trireme::obs

@@ -11,11 +11,8 @@
 
 namespace trireme::obs {
 
-// The dump's bytes; dumps of disjoint parameter sets concatenate into one dump.
+// The dump's bytes (written with obs::write_text_file, in one piece); dumps of disjoint
+// parameter sets concatenate into one dump.
 std::string parameter_dump_bytes(const std::vector<std::pair<std::string, at::Tensor>>& parameters);
-
-// Throws InvalidArgument when `path` cannot be written.
-void write_parameter_dump(const std::string& path,
-                          const std::vector<std::pair<std::string, at::Tensor>>& parameters);
 
 }  // namespace trireme::obs

@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "trireme/common/error.h"
 #include "trireme/obs/json.h"
@@ -26,6 +29,12 @@ std::string number(double v) {
   return buf;
 }
 
+// A point is drawn when both coordinates are finite and within 1e300 (past which the
+// axis's span, a difference, would overflow to infinity and every point with it).
+bool plottable(const Series& s, size_t i) {
+  return std::isfinite(s.x[i]) && std::isfinite(s.y[i]) && std::fabs(s.x[i]) <= 1e300 && std::fabs(s.y[i]) <= 1e300;
+}
+
 }  // namespace
 
 std::string line_chart_svg(const std::string& title, const std::string& x_label,
@@ -33,7 +42,7 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& s : series)
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
-      if (!std::isfinite(s.y[i])) continue;
+      if (!plottable(s, i)) continue;
       x0 = std::min(x0, s.x[i]);
       x1 = std::max(x1, s.x[i]);
       y0 = std::min(y0, s.y[i]);
@@ -72,7 +81,7 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
     const char* color = kColors[k % 4];
     svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i)
-      if (std::isfinite(s.y[i])) svg << number(px(s.x[i])) << "," << number(py(s.y[i])) << " ";
+      if (plottable(s, i)) svg << number(px(s.x[i])) << "," << number(py(s.y[i])) << " ";
     svg << "\"/>\n<text x=\"" << kLeft + pw - 8 << "\" y=\"" << kTop + 16 + 16 * k
         << "\" text-anchor=\"end\" fill=\"" << color << "\">" << xml_escape(s.label) << "</text>\n";
   }
@@ -81,26 +90,39 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
 }
 
 void write_text_file(const std::string& path, const std::string& text, const std::string& fix) {
-  // Written beside it and renamed over it: a crash leaves the old file or the new one,
-  // never half of one that a later command trips over.
-  const std::string temporary = path + ".tmp";
-  std::error_code ignored;  // removing the temporary after a failure is best effort
-  {
-    std::ofstream out(temporary);
-    TRIREME_CHECK(out.good(), "cannot write ", path, " (", std::strerror(errno), "); ", fix);
-    out << text;
-    out.close();
-    if (out.fail()) {
-      const int error = errno;
-      std::filesystem::remove(temporary, ignored);
-      TRIREME_THROW(InvalidArgument, "failed writing ", path, " (", std::strerror(error), "); ", fix);
-    }
+  // Written to a temporary file of its own beside it (another writer of the same path
+  // has another), flushed to the disk and renamed over it, and the rename made durable:
+  // a crash or a power loss leaves the old file or the new one, never half of one that a
+  // later command trips over.
+  std::string temporary = path + ".XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  TRIREME_CHECK(fd >= 0, "cannot write ", path, " (", std::strerror(errno), "); ", fix);
+  auto fail = [&](const char* what, int error) {
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    TRIREME_THROW(InvalidArgument, what, path, " (", std::strerror(error), "); ", fix);
+  };
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("failed writing ", errno);
+    done += static_cast<size_t>(n);
   }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) {
-    std::filesystem::remove(temporary, ignored);
-    TRIREME_THROW(InvalidArgument, "cannot replace ", path, " (", ec.message(), "); ", fix);
+  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) fail("failed writing ", errno);
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    TRIREME_THROW(InvalidArgument, "failed writing ", path, " (", std::strerror(error), "); ", fix);
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    TRIREME_THROW(InvalidArgument, "cannot replace ", path, " (", std::strerror(error), "); ", fix);
+  }
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  if (const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY); dir >= 0) {
+    ::fsync(dir);  // the rename itself (best effort: some file systems refuse a folder's fsync)
+    ::close(dir);
   }
 }
 

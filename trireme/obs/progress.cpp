@@ -5,7 +5,8 @@
 namespace trireme::obs {
 
 std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  // (Beyond a million years the count would not fit: llround is undefined past 2^63.)
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 3.2e13) return "?";
   const int64_t s = static_cast<int64_t>(std::llround(seconds));
   char buf[32];
   if (s >= 3600)
@@ -19,9 +20,10 @@ std::string format_duration(double seconds) {
 
 std::string format_count(double value) {
   char buf[32];
-  if (value >= 1e6)
+  // Each unit from where the smaller one would print rounded up to 1000 (999.96k is 1.00M).
+  if (value >= 999950)
     std::snprintf(buf, sizeof(buf), "%.2fM", value / 1e6);
-  else if (value >= 1e3)
+  else if (value >= 999.5)
     std::snprintf(buf, sizeof(buf), "%.1fk", value / 1e3);
   else
     std::snprintf(buf, sizeof(buf), "%.0f", value);

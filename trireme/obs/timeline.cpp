@@ -11,6 +11,8 @@
 #include "trireme/common/error.h"
 #include "trireme/obs/json.h"
 
+#include <nlohmann/json.hpp>
+
 namespace trireme::obs {
 namespace {
 
@@ -66,12 +68,13 @@ std::string event_line(const TraceEvent& e) {
 }
 
 // A line as quoted in error messages: long lines are cut.
-std::string quoted(const std::string& line) {
+std::string quote_line(const std::string& line) {
   return "'" + (line.size() > 80 ? line.substr(0, 77) + "..." : line) + "'";
 }
 
+// A plain decimal number: no leading space or sign of '+', no hex, no "inf" or "nan".
 bool parse_number(const std::string& text, double* out) {
-  if (text.empty()) return false;
+  if (text.empty() || text.find_first_not_of("0123456789.-eE") != std::string::npos) return false;
   char* end = nullptr;
   *out = std::strtod(text.c_str(), &end);
   return *end == '\0' && std::isfinite(*out);
@@ -96,21 +99,24 @@ TraceEvent parse_event(const std::string& line, size_t line_no) {
   }
   TRIREME_CHECK(fields.size() >= 5 && fields.size() <= 7, "line ", line_no,
                 ": expected 7 tab-separated fields (lane, start_us, duration_us, category, name, "
-                "args_json, label), got ", fields.size(), ": ", quoted(line));
+                "args_json, label), got ", fields.size(), ": ", quote_line(line));
   fields.resize(7);
   TraceEvent e;
   TRIREME_CHECK(fields[0] == "0" || fields[0] == "1", "line ", line_no,
-                ": lane must be 0 (compute) or 1 (comm), got ", quoted(fields[0]));
+                ": lane must be 0 (compute) or 1 (comm), got ", quote_line(fields[0]));
   e.lane = fields[0] == "1" ? Lane::kComm : Lane::kCompute;
   TRIREME_CHECK(parse_number(fields[1], &e.start_us), "line ", line_no,
-                ": start_us must be a number, got ", quoted(fields[1]));
+                ": start_us must be a number, got ", quote_line(fields[1]));
   TRIREME_CHECK(parse_number(fields[2], &e.duration_us) && e.duration_us >= 0, "line ", line_no,
-                ": duration_us must be a number >= 0, got ", quoted(fields[2]));
+                ": duration_us must be a number >= 0, got ", quote_line(fields[2]));
   TRIREME_CHECK(std::abs(e.start_us) <= kMaxMicroseconds && e.duration_us <= kMaxMicroseconds,
                 "line ", line_no, ": start_us and duration_us must be at most 1e17 in magnitude, got ",
-                quoted(fields[1]), " and ", quoted(fields[2]));
+                quote_line(fields[1]), " and ", quote_line(fields[2]));
   e.category = fields[3];
   e.name = fields[4];
+  // The args go into trace.json as they are, so they must be a JSON object (or none).
+  TRIREME_CHECK(fields[5].empty() || (fields[5].front() == '{' && nlohmann::json::accept(fields[5])), "line ",
+                line_no, ": args_json must be a JSON object or empty, got ", quote_line(fields[5]));
   e.args_json = fields[5];
   e.label = fields[6];
   return e;
@@ -170,21 +176,21 @@ RankEvents parse_ranks(const std::string& text) {
     };
     if (declared < 0) {
       TRIREME_CHECK(parse_count(after(kTsvHeader), &declared), "line ", line_no,
-                    ": expected the header '", kTsvHeader, "N', got ", quoted(line));
+                    ": expected the header '", kTsvHeader, "N', got ", quote_line(line));
       continue;
     }
     if (line.rfind(kRankLine, 0) == 0) {
       int rank = -1;
       TRIREME_CHECK(parse_count(after(kRankLine), &rank) && rank == static_cast<int>(ranks.size()),
                     "line ", line_no, ": expected '", kRankLine, ranks.size(), "', got ",
-                    quoted(line));
-      TRIREME_CHECK(rank < declared, "line ", line_no, ": ", quoted(line),
+                    quote_line(line));
+      TRIREME_CHECK(rank < declared, "line ", line_no, ": ", quote_line(line),
                     " but the header declares ", declared, " ranks");
       ranks.emplace_back();
       continue;
     }
     TRIREME_CHECK(!ranks.empty(), "line ", line_no, ": expected '", kRankLine,
-                  "0' before the first event, got ", quoted(line));
+                  "0' before the first event, got ", quote_line(line));
     ranks.back().push_back(parse_event(line, line_no));
   }
   TRIREME_CHECK(declared >= 0, "no header line '", kTsvHeader, "N' (empty file)");
