@@ -111,6 +111,21 @@ class Checkpoints(unittest.TestCase):
         self.assertEqual(losses, ref)
         self.assertEqual(resumed, straight)
 
+    def test_resume_drops_a_cut_metrics_line(self):
+        # A crash (or a full disk) as step 3's line was written leaves half a line; the
+        # resumed run keeps only whole records, so metrics.jsonl stays one JSON object a line.
+        out = os.path.join(self.dir, "cut")
+        train(out, 1, [], 6, ["--checkpoint-every", "3"])
+        shutil.rmtree(os.path.join(out, "checkpoints", "6"))
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            lines = f.readlines()[:3]
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            f.writelines(lines[:2] + [lines[2][:len(lines[2]) // 2]])
+        _, stderr = resume(out, 1, [], 6)
+        self.assertIn("resumed at step 3", stderr, stderr[-3000:])
+        # (Step 3's record was lost with the crash: the resumed run starts at step 4.)
+        self.assertEqual([m["step"] for m in metrics(out)], [1, 2, 4, 5, 6])
+
     def test_bitwise_resume_dp2(self):
         self.check_bitwise_resume(2, ["--dp", "2"])
 

@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "trireme/cli/commands.h"
 #include "trireme/cli/train_engine.h"
 #include "trireme/cli/train_options.h"
@@ -366,19 +368,21 @@ void damage_snapshot_and_die(ft::Snapshotter& snapshotter, const std::string& sn
 
 // Keeps the lines of a metrics.jsonl whose step is at most `last` (a resumed run writes
 // the later steps again), and puts their losses on `curve`: loss.svg shows the whole run.
+// A line that is not a whole record (one cut by a crash or a full disk as it was written)
+// is dropped, and a loss that is not a number (null: the step's loss was not finite) is
+// left off the curve rather than drawn as 0.
 void keep_metrics_up_to(const std::string& path, int64_t last, obs::Series* curve) {
   std::ifstream in(path);
   std::string kept, line;
   while (std::getline(in, line)) {
-    const auto at = line.find("\"step\": ");
-    if (at == std::string::npos) continue;
-    const long long step = std::atoll(line.c_str() + at + 8);
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) continue;
+    const int64_t step = record["step"].get<int64_t>();
     if (step > last) continue;
     kept += line + "\n";
-    const auto loss = line.find("\"loss\": ");
-    if (loss != std::string::npos) {
+    if (record.contains("loss") && record["loss"].is_number()) {
       curve->x.push_back(static_cast<double>(step));
-      curve->y.push_back(std::strtod(line.c_str() + loss + 8, nullptr));
+      curve->y.push_back(record["loss"].get<double>());
     }
   }
   in.close();
