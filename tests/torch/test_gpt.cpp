@@ -78,6 +78,18 @@ TEST(GptTest, SeedAloneDeterminesParameters) {
   EXPECT_TRUE(any_differs);
 }
 
+// Building a model, initialised or not, draws nothing from the global generator (which
+// dropout uses): before, wpe's own initialisation drew seq_len*dim numbers from it.
+TEST(GptTest, BuildingAModelLeavesTheGlobalGeneratorAlone) {
+  for (const bool initialize : {true, false}) {
+    at::manual_seed(5);
+    const at::Tensor expected = at::rand({4});
+    at::manual_seed(5);
+    Gpt model(tiny(), 7, trireme::tensor::TensorParallel{}, initialize);
+    EXPECT_TRUE(at::equal(at::rand({4}), expected)) << "initialize " << initialize;
+  }
+}
+
 TEST(GptTest, InitialisationFollowsTheScheme) {
   GptConfig cfg = tiny();
   cfg.dim = 64;

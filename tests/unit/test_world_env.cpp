@@ -43,7 +43,7 @@ TEST(WorldEnv, Slurm) {
   auto info = world_info_from_env(env({{"SLURM_PROCID", "5"},
                                        {"SLURM_NTASKS", "8"},
                                        {"SLURM_LOCALID", "1"},
-                                       {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                       {"SLURM_TASKS_PER_NODE", "4(x2)"},
                                        {"SLURM_NODEID", "1"},
                                        {"MASTER_ADDR", "node7"},
                                        {"MASTER_PORT", "1234"}}));
@@ -130,6 +130,11 @@ TEST(WorldEnv, InconsistentRanksNameTheLaunchersVariables) {
                        {"MASTER_PORT", "29500"}})
                 .find("LOCAL_RANK=5 is not below LOCAL_WORLD_SIZE=4"),
             std::string::npos);
+  // More ranks on the machine than in the job: the job would be taken to fit on one machine.
+  EXPECT_NE(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"},
+                       {"MASTER_PORT", "29500"}})
+                .find("LOCAL_WORLD_SIZE=4 is above WORLD_SIZE=2 (torchrun environment)"),
+            std::string::npos);
   EXPECT_NE(env_error({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
                        {"MASTER_PORT", "1"}})
                 .find("OMPI_COMM_WORLD_RANK=2 is not below OMPI_COMM_WORLD_SIZE=2"),
@@ -166,9 +171,13 @@ TEST(WorldEnv, SlurmTasksOnThisNodeWithoutNtasksPerNode) {
   EXPECT_EQ(slurm("3", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size, 1);
   EXPECT_EQ(slurm("1", "0", {{"SLURM_TASKS_PER_NODE", "3,4"}}).local_world_size, 4);
   EXPECT_TRUE(slurm("3", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}}).spans_machines());
-  // SLURM_NTASKS_PER_NODE, when set, comes first.
-  EXPECT_EQ(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"}}).local_world_size,
-            3);
+  // SLURM_TASKS_PER_NODE comes first: SLURM_NTASKS_PER_NODE is only a maximum when -n is
+  // given too (srun -N2 -n4 --ntasks-per-node=4 places 2 and 2, on two machines).
+  EXPECT_EQ(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}).local_world_size,
+            2);
+  EXPECT_TRUE(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}).spans_machines());
+  EXPECT_EQ(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "3"}}).local_world_size, 3);
+  EXPECT_THROW(slurm("0", "0", {{"SLURM_NTASKS_PER_NODE", "3abc"}}), trireme::InvalidArgument);
   // Unreadable, or no entry for this node: an even split over SLURM_NNODES (rounded up).
   EXPECT_EQ(slurm("0", "0", {{"SLURM_TASKS_PER_NODE", "2(x"}, {"SLURM_NNODES", "4"}}).local_world_size, 2);
   EXPECT_EQ(slurm("5", "0", {{"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_NNODES", "2"}}).local_world_size, 4);

@@ -6,7 +6,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -177,6 +179,17 @@ std::string join(const std::vector<int>& ranks) {
   return out.str();
 }
 
+// A group's members as a name for its store keys: the list itself up to 64 characters,
+// else "N#H", the member count and a 64-bit FNV-1a hash of the list.
+std::string short_name(const std::string& members, size_t count) {
+  if (members.size() <= 64) return members;
+  uint64_t hash = 14695981039346656037ull;
+  for (const char c : members) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  char text[48];
+  std::snprintf(text, sizeof(text), "%zu#%016llx", count, static_cast<unsigned long long>(hash));
+  return text;
+}
+
 // Runs one store operation on `key`; c10d's errors (DistNetworkError, DistStoreError, a
 // time-out) become a CommError naming the operation and the key.
 template <typename Fn>
@@ -252,8 +265,10 @@ Group World::new_group(const std::vector<int>& ranks, const std::string& tag) {
   // Members and tag name the group; the count keeps two groups of the same members and tag
   // apart. It counts only such groups, which every member creates in the same order, so
   // the members agree on it whichever other groups each of them created. (Members and count
-  // hold no '/', so the tag, last, cannot make two keys alike.)
-  const std::string members = join(ranks);
+  // hold no '/', so the tag, last, cannot make two keys alike.) A long member list is
+  // named by its size and a 64-bit hash instead: every key of the group's setup carries
+  // the name, and a group of 8192 ranks would otherwise put 45 kB on each.
+  const std::string members = short_name(join(ranks), ranks.size());
   const int64_t index = groups_created_[members + "/" + tag]++;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
       "group/" + members + "/" + std::to_string(index) + "/" + tag, store_);
@@ -294,8 +309,11 @@ std::optional<World::RestartTimes> World::restart_times() const {
     }
     // Each moment on this machine's clock, from the agents' readings of the barrier's
     // opening (launch/restart_clock.h): the agent's node id is TRIREME_NODE_RANK.
+    // (-1, no node, unless it is a plain count: atoi would read "abc" as node 0.)
     const char* node_text = std::getenv("TRIREME_NODE_RANK");
-    const int own = node_text ? std::atoi(node_text) : -1;
+    const bool readable = node_text && *node_text && std::strlen(node_text) < 10 &&
+                          std::strspn(node_text, "0123456789") == std::strlen(node_text);
+    const int own = readable ? std::atoi(node_text) : -1;
     std::map<int, double> barrier_seen;
     for (int node : {own, stamps[0].node, stamps[1].node, stamps[2].node}) {
       const std::string key = launch::keys::restart_clock(g, node);

@@ -79,7 +79,7 @@ struct SourceVariables {
 
 SourceVariables variables_of(const std::string& source) {
   if (source == "slurm")
-    return {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE/SLURM_TASKS_PER_NODE"};
+    return {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE/SLURM_NTASKS_PER_NODE"};
   if (source == "openmpi")
     return {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
             "OMPI_COMM_WORLD_LOCAL_SIZE"};
@@ -94,6 +94,11 @@ void check_consistent(const WorldInfo& info) {
                 info.world_size, " (", info.source, " environment); fix what the launcher exports");
   TRIREME_CHECK(info.local_rank < info.local_world_size, vars.local_rank, "=", info.local_rank, " is not below ",
                 vars.local_world_size, "=", info.local_world_size, " (", info.source,
+                " environment); fix what the launcher exports");
+  // A machine cannot hold more ranks than the job; taken as given, a job on several
+  // machines would be thought to fit on one.
+  TRIREME_CHECK(info.local_world_size <= info.world_size, vars.local_world_size, "=", info.local_world_size,
+                " is above ", vars.world_size, "=", info.world_size, " (", info.source,
                 " environment); fix what the launcher exports");
 }
 
@@ -123,17 +128,15 @@ WorldInfo world_info_from_env(const EnvLookup& lookup) {
     info.world_size = read_int(lookup, "SLURM_NTASKS", 1, true);
     info.local_rank = read_int(lookup, "SLURM_LOCALID", 0, false);
     info.node_rank = read_int(lookup, "SLURM_NODEID", 0, false);
-    // Tasks on this node: SLURM_NTASKS_PER_NODE ("4", only under --ntasks-per-node), else
-    // this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1", always set by srun), else an
-    // even split over SLURM_NNODES.
-    std::string per_node = read_string(lookup, "SLURM_NTASKS_PER_NODE", "");
-    per_node = per_node.substr(0, per_node.find_first_not_of("0123456789"));
-    if (!per_node.empty() && per_node.size() < 10) {
-      info.local_world_size = std::atoi(per_node.c_str());
-    } else if (const int tasks = slurm_tasks_on_node(read_string(lookup, "SLURM_TASKS_PER_NODE", ""),
-                                                     info.node_rank);
-               tasks > 0) {
+    // Tasks on this node: this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1", set by
+    // srun: the counts it placed), else SLURM_NTASKS_PER_NODE ("4", set only under
+    // --ntasks-per-node, and only a maximum when -n is given too: -N2 -n4
+    // --ntasks-per-node=4 places 2 and 2), else an even split over SLURM_NNODES.
+    if (const int tasks = slurm_tasks_on_node(read_string(lookup, "SLURM_TASKS_PER_NODE", ""), info.node_rank);
+        tasks > 0) {
       info.local_world_size = tasks;
+    } else if (const int per_node = read_int(lookup, "SLURM_NTASKS_PER_NODE", 0, false); per_node > 0) {
+      info.local_world_size = per_node;
     } else {
       const int nodes = std::max(1, read_int(lookup, "SLURM_NNODES", 1, false));
       info.local_world_size = std::max((info.world_size + nodes - 1) / nodes, info.local_rank + 1);

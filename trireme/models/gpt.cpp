@@ -121,7 +121,10 @@ GptImpl::GptImpl(const GptConfig& config, uint64_t seed, tensor::TensorParallel 
                 tp_.size, "; choose --tp dividing the vocabulary");
   const int64_t C = config_.dim;
   wte = register_module("wte", tensor::VocabParallelEmbedding(config_.vocab, C, tp_));
-  wpe = register_module("wpe", torch::nn::Embedding(config_.seq_len, C));
+  // Given its (uninitialised) weight, Embedding skips its own N(0, 1) draw, which would
+  // take seq_len*C numbers from the global generator (and move every later dropout mask).
+  wpe = register_module(
+      "wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(config_.seq_len, C)._weight(at::empty({config_.seq_len, C}))));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t l = 0; l < config_.layers; ++l) h->push_back(Block(config_, tp_));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({C})));
