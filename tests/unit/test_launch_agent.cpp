@@ -238,6 +238,28 @@ TEST(LaunchAgent, AnotherNodesFailureStopsThisNode) {
             "of node 1");
 }
 
+// The job's first failure stands: a worker here that fails after it (as one whose
+// collective lost the failed peer would) neither replaces it in the store nor hides it.
+TEST(LaunchAgent, TheJobsFirstFailureIsNotReplacedByALaterOne) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kReady, "1");
+  // Node 0's agent publishes its failure just before this one publishes its own.
+  const std::string first = "rank 0 (node 0, local 0) was killed by signal 9 (SIGKILL)";
+  channel.before_compare_set = [&](const std::string& key) {
+    if (key == keys::kFailure && !channel.try_get(key)) channel.set(key, first);
+  };
+  LaunchOptions o = sh_options(1, "exit 1");
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.rdzv_port = 1234;
+  const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(channel.try_get(keys::kFailure).value_or(""), first);
+  EXPECT_EQ(result.failure, "rank 1 (node 1, local 0) exited with code 1, after the job's first failure: " + first +
+                                "; stopped the other workers");
+}
+
 TEST(LaunchAgent, WorkerIgnoringSigtermIsKilledAfterTheGrace) {
   MemoryChannel channel;
   CapturedIo io;
@@ -672,6 +694,28 @@ TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
           << result.failure;
     }
   }
+}
+
+// A first stopping signal that arrives while the agent stops the workers for a failure
+// (a scheduler's scancel, say) leaves them their grace period; only a second one hurries
+// the SIGKILL (before, the first one did).
+TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
+  MemoryChannel channel;
+  CapturedIo io;
+  std::thread signal([&] {  // once the failure is published, as the stop begins
+    if (channel.wait_for(keys::kFailure, std::chrono::seconds(20))) ::kill(::getpid(), SIGTERM);
+  });
+  LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then exit 2; fi; trap '' TERM; exec sleep 30");
+  o.stop_grace_s = 3;
+  Clock::time_point stopping = Clock::now();
+  channel.after_set = [&](const std::string& key) {
+    if (key == keys::kFailure) stopping = Clock::now();
+  };
+  const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  const double stop_s = seconds_since(stopping);
+  signal.join();
+  EXPECT_EQ(result.failure, "rank 1 (node 0, local 1) exited with code 2; stopped the other workers");
+  EXPECT_GE(stop_s, 2.9) << "the worker was killed before its grace period ended";
 }
 
 // A signal to an agent in the middle of a restart publishes the failure: the others would

@@ -228,7 +228,9 @@ class Agent {
   bool stale(int node, Clock::time_point now);
   // Node `node`'s incarnation (keys::left): how often it was dropped from the job so far.
   int64_t incarnation(int node) { return channel_.add(keys::lost(node), 0); }
-  void publish_failure(const std::string& what);
+  // Publishes `what` as the job's failure unless one came first (the first stands: the
+  // cause, not its consequences); returns the job's failure, `what` when the store is gone.
+  std::string publish_failure(const std::string& what);
   std::string published_job_failure();
   LaunchResult signalled_while_restarting();
   void mark_done();
@@ -1310,7 +1312,9 @@ void Agent::remove_old_rank_dirs() {
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
-// or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrives.
+// or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrives: the
+// first one, arriving during a stop for a failure (a scheduler's scancel, say), leaves the
+// workers their grace.
 // A worker that already exited may have left children in its process group (a shell's
 // background job, a launcher's child): they get the same signals through the group. That
 // is safe because reap() leaves an exited worker a zombie (child_ended): its pid, the
@@ -1324,7 +1328,8 @@ void Agent::stop_workers(double grace_s) {
   signal_all(SIGTERM);
   const int signals_before = signal_count_;
   const auto grace_end = Clock::now() + seconds(grace_s);
-  while (any_running() && Clock::now() < grace_end && signal_count_ == signals_before)
+  const auto hurried = [&] { return signal_count_ > signals_before && signal_count_ >= 2; };
+  while (any_running() && Clock::now() < grace_end && !hurried())
     pump(grace_end - Clock::now());
   signal_all(SIGKILL);
   const auto kill_end = Clock::now() + kKillReapLimit;
@@ -1339,11 +1344,11 @@ void Agent::stop_workers(double grace_s) {
 
 // ---- step 4: finish ----------------------------------------------------------------------
 
-void Agent::publish_failure(const std::string& what) {
+std::string Agent::publish_failure(const std::string& what) {
   try {
-    channel_.set(keys::kFailure, what);
+    return channel_.compare_set(keys::kFailure, "", what);
   } catch (const Error&) {
-    // The store is gone: the other agents notice that by themselves.
+    return what;  // The store is gone: the other agents notice that by themselves.
   }
 }
 
@@ -1405,8 +1410,12 @@ LaunchResult Agent::finish(const Event& event) {
   LaunchResult result{1, ""};
   switch (event.ending) {
     case Ending::kWorkerFailed:
-      publish_failure(event.what);
-      result.failure = event.what + "; stopped the other workers";
+      // A worker here may fail because of another node's failure (its collective lost a
+      // peer) before this agent read it: the job's first failure is then named too.
+      if (const std::string first = publish_failure(event.what); first != event.what)
+        result.failure = event.what + ", after the job's first failure: " + first + "; stopped the other workers";
+      else
+        result.failure = event.what + "; stopped the other workers";
       break;
     case Ending::kRemoteFailure:
     case Ending::kRemoteRestart:

@@ -7,8 +7,9 @@
 //                           first agent to claim it); becomes TORCHELASTIC_RUN_ID
 //   trireme/agents/joined   counter; each agent adds 1 when it arrives
 //   trireme/agents/ready    set by the agent whose add made `joined` reach nnodes
-//   trireme/failure         one line naming the first failed rank (or stopped agent);
-//                           every agent polls it and stops its workers when set
+//   trireme/failure         one line naming the first failed rank (or stopped agent),
+//                           written by compare-and-set so that the first stands; every
+//                           agent polls it and stops its workers when set
 //   trireme/agents/done     counter; each agent adds 1 when its workers are gone
 //   trireme/agents/done/N   agent N added to it: a restart leader stops waiting for N
 //   trireme/agents/all_done set by the agent whose add made `done` reach nnodes; node 0

@@ -80,7 +80,8 @@ void close_fd(int& fd) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  const int stdin_fd = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
+  // (/dev/null opened close-on-exec: only its copy as fd 0 reaches the program.)
+  const int stdin_fd = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (stdin_fd >= 0) ::dup2(stdin_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
