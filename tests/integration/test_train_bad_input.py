@@ -50,6 +50,13 @@ class TrainBadInput(unittest.TestCase):
             self.skipTest("a GPU is present")
         self.refuse(["--nproc-per-node", "1", "--device", "cuda"] + SMALL, "--device cuda")
 
+    def test_model_larger_than_the_machine(self):
+        # 3.3e12 parameters, 13 TB of float32 weights: refused before any worker allocates.
+        self.refuse(["--nproc-per-node", "1", "--layers", "64", "--dim", "65536", "--heads", "64", "--seq", "16",
+                     "--steps", "1", "--quiet"],
+                    "the model has 3.3e+12 parameters: its float32 weights take 1.23e+04 GiB in each of the 1 "
+                    "processes on this machine")
+
     def test_heads_not_divisible_by_tp(self):
         # 2 heads cannot be split 4 ways.
         self.refuse(["--nproc-per-node", "4", "--tp", "4"] + SMALL, "--heads 2 is not divisible by --tp 4")

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -102,6 +103,28 @@ void check_output_dir(const std::string& dir) {
   std::filesystem::remove(probe, error);
 }
 
+// A model far too large for this machine is refused here, in one line, rather than by the
+// allocator (or the kernel's OOM killer) in every worker. The bound is a floor: each
+// process builds its tensor-parallel share of the whole model in float32 on the host (a
+// pipeline stage keeps only its layers afterwards; gradients and AdamW's moments come on
+// top), and --nproc-per-node of them share the machine's memory.
+void check_host_memory(const TrainOptions& opt, int local_processes) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) return;  // unknown: the allocator will say
+  const double memory = static_cast<double>(pages) * static_cast<double>(page_bytes);
+  const double parameters = static_cast<double>(opt.model.num_parameters());
+  const double needed = parameters / opt.tp * 4.0 * local_processes;
+  char line[320];
+  std::snprintf(line, sizeof(line),
+                "the model has %.3g parameters: its float32 weights%s take %.3g GiB in each of the %d processes "
+                "on this machine, %.3g GiB in all, more than its %.3g GiB of memory; choose a smaller model "
+                "(--layers, --dim, --seq)%s",
+                parameters, opt.tp > 1 ? " (a --tp share)" : "", parameters / opt.tp * 4.0 / (1 << 30),
+                local_processes, needed / (1 << 30), memory / (1 << 30),
+                local_processes > 1 ? ", fewer --nproc-per-node or a larger --tp" : " or a larger --tp");
+  TRIREME_CHECK(needed <= memory, line);
+}
+
 // Node 0, as it founds the job (LaunchOptions::before_founding: a node joining a running
 // job, node 0's replacement under an external store too, sees that very job's files):
 // - A run that does not --resume must not start among an earlier run's checkpoints: a
@@ -181,6 +204,7 @@ int train_main(const std::vector<std::string>& args) {
     }
   }
   validate_train_options(&opt, world_size);
+  check_host_memory(opt, launch_options.nproc_per_node);
   const data::Corpus corpus =
       data::Corpus::load(opt.data.empty() ? data::default_corpus_path() : opt.data);
   corpus.require_length(opt.model.seq_len);
