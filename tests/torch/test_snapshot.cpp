@@ -478,6 +478,90 @@ TEST(ZeroOptimizer, RefusesAmsgrad) {
   });
 }
 
+// A snapshot holds the buffers as they were when it was taken, although the next forward
+// pass (a BatchNorm's running statistics) changes them before before_update(), which only
+// the next optimizer step calls: they are copied at once, not by the background thread
+// (before, a change that came first was saved with the old step's parameters, and passed
+// its checksums).
+TEST(LoadSnapshot, BuffersAreThoseOfTheStepSnapshotted) {
+  TempDir area;
+  World world = one_rank();
+  const at::Tensor big = at::randn({1 << 20}).requires_grad_(true);  // keeps the copy thread busy
+  const at::Tensor running = at::arange(1 << 16, at::kFloat);
+  torch::optim::AdamW optimizer(std::vector<at::Tensor>{big}, torch::optim::AdamWOptions(1e-2));
+  trireme::ft::TrainingState state;
+  state.world = &world;
+  state.parameters = {{"big", big}};
+  state.buffers = {{"running", running}};
+  state.adamw = &optimizer;
+  state.layout = {"dp=1", 1, 1, 1, 0, -1, ""};
+  trireme::ft::CheckpointLayout own = state.layout;
+  own.rank = 0;
+  const std::string dir = area.path + "/rank-0";
+  const at::Tensor want = running.clone();
+  {
+    Snapshotter snapshots(dir, own);
+    trireme::ft::take_snapshot(state, snapshots, 1);
+    running.add_(1);  // the next forward pass
+    snapshots.before_update();
+    snapshots.wait();
+  }
+  running.fill_(-1);
+  ASSERT_EQ(trireme::ft::load_snapshot(state, dir), 1);
+  EXPECT_TRUE(at::equal(running, want)) << "max diff " << (running - want).abs().max().item<float>();
+}
+
+// Whole snapshots restored from the agents' memory where only one replica's node holds
+// one: the donor broadcasts its parameters and AdamW state into the other replica's, also
+// where those are not contiguous. (The broadcast goes through contiguous copies: Gloo
+// handles such a tensor, NCCL refuses it.)
+TEST(LoadSnapshot, MemoryDonorBroadcastFillsNonContiguousTensors) {
+  TempDir area;
+  run_worlds(2, [&](World& world) {
+    const int rank = world.rank();
+    const at::Tensor w = at::arange(12, at::kFloat).reshape({3, 4}).t().detach().requires_grad_(true);
+    ASSERT_FALSE(w.is_contiguous());
+    torch::optim::AdamW optimizer(std::vector<at::Tensor>{w}, torch::optim::AdamWOptions(1e-2));
+    w.mutable_grad() = at::ones_like(w);
+    optimizer.step();
+    trireme::ft::TrainingState state;
+    state.world = &world;
+    state.parameters = {{"w", w}};
+    state.dp = 2;
+    state.dp_rank = rank;
+    state.dp_group = world.group();
+    state.adamw = &optimizer;
+    state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
+    const std::string node = area.path + "/node" + std::to_string(rank);
+    std::filesystem::create_directories(node);
+    if (rank == 0) {  // node 1 lost its memory
+      trireme::ft::CheckpointLayout own = state.layout;
+      own.rank = rank;
+      Snapshotter snapshots(node + "/rank-0", own);
+      trireme::ft::take_snapshot(state, snapshots, 1);
+      snapshots.before_update();
+      snapshots.wait();
+    }
+    const at::Tensor want = w.detach().clone();
+    const auto adam = trireme::parallel::adamw_state(optimizer, w.unsafeGetTensorImpl());
+    const at::Tensor want_avg = adam.exp_avg.clone(), want_sq = adam.exp_avg_sq.clone();
+    {
+      at::NoGradGuard no_grad;
+      w.fill_(-1);  // in place: the strides stay
+      trireme::parallel::set_adamw_state(optimizer, w.unsafeGetTensorImpl(), {});
+    }
+    std::string from;
+    ASSERT_EQ(trireme::ft::load_from_memory(state, node, &from), 1) << from;
+    EXPECT_FALSE(w.is_contiguous());
+    EXPECT_TRUE(at::equal(w, want)) << "rank " << rank << ": " << w;
+    const auto got = trireme::parallel::adamw_state(optimizer, w.unsafeGetTensorImpl());
+    EXPECT_EQ(got.step, 1);
+    ASSERT_TRUE(got.exp_avg.defined() && got.exp_avg_sq.defined());
+    EXPECT_TRUE(at::equal(got.exp_avg, want_avg)) << "rank " << rank;
+    EXPECT_TRUE(at::equal(got.exp_avg_sq, want_sq)) << "rank " << rank;
+  });
+}
+
 // A snapshot shared by the data-parallel group, restored on "nodes" that each hold only
 // their own replica's share (each rank's snapshot directory in an area of its own): each
 // share is broadcast by its holder and written into the others' parameters and AdamW

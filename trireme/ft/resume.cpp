@@ -34,6 +34,7 @@ std::map<const void*, Optimizer> optimizer_state(const TrainingState& s) {
     for (size_t p = 0; p < params.size(); ++p) out[params[p].unsafeGetTensorImpl()] = states[p];
     return out;
   }
+  TRIREME_CHECK(s.adamw, "TrainingState has no optimizer: set adamw (or zero) to the one over its parameters");
   for (const auto& [key, state] : s.adamw->state()) out[key] = parallel::adamw_state(*s.adamw, key);
   return out;
 }
@@ -248,9 +249,12 @@ std::vector<SavedPiece> state_pieces(const TrainingState& s, Part part) {
   }
   if (part == Part::kReplicaShare)
     pieces.push_back({"share/dp", {2}, whole({2}), at::tensor({static_cast<int64_t>(dp), static_cast<int64_t>(dp_rank)})});
-  for (const auto& [name, buffer] : s.buffers) {  // every rank its own, in every part
+  // Buffers (every rank its own, in every part) are copied now: the next forward pass may
+  // change them (a BatchNorm's running statistics) before before_update(), which only
+  // guards the parameters and optimizer state until the next optimizer step. They are small.
+  for (const auto& [name, buffer] : s.buffers) {
     const std::vector<int64_t> shape = buffer.sizes().vec();
-    pieces.push_back({buffer_key(s.world->rank(), name), shape, whole(shape), buffer.detach()});
+    pieces.push_back({buffer_key(s.world->rank(), name), shape, whole(shape), buffer.detach().clone()});
   }
   for (auto& [name, generator] : generators(s)) {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -820,18 +824,21 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
       root.rootRank = static_cast<int>(donor);
       for (size_t p = 0; p < s.parameters.size(); ++p) {
         const at::Tensor& param = s.parameters[p].second;
+        // Through contiguous tensors (NCCL refuses others), copied back where they are not
+        // the parameter's or the moments' own.
+        const auto broadcast_into = [&](const at::Tensor& target) {
+          std::vector<at::Tensor> one{target.contiguous()};
+          dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
+          if (one[0].data_ptr() != target.data_ptr()) target.copy_(one[0]);
+        };
         std::vector<at::Tensor> step{at::full({1}, states[p].step, at::kLong).to(param.device())};
-        std::vector<at::Tensor> value{param.detach()};
-        dist::run_collective("state broadcast", [&] { return dp_group->broadcast(value, root); });
+        broadcast_into(param.detach());
         dist::run_collective("state broadcast", [&] { return dp_group->broadcast(step, root); });
         const int64_t n = step[0].cpu().item<int64_t>();
         if (n == 0) continue;
         if (!covered) states[p] = {n, at::empty_like(param.detach()), at::empty_like(param.detach())};
-        std::vector<at::Tensor> moments{states[p].exp_avg, states[p].exp_avg_sq};
-        for (auto& m : moments) {
-          std::vector<at::Tensor> one{m};
-          dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
-        }
+        broadcast_into(states[p].exp_avg);
+        broadcast_into(states[p].exp_avg_sq);
       }
       for (const auto& [name, buffer] : s.buffers) {  // the donor's; a rank that found its own keeps them
         std::vector<at::Tensor> value{buffer.detach().clone(at::MemoryFormat::Contiguous)};

@@ -91,7 +91,8 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, 
 // returns the microseconds the caller was held. No communication (under ZeRO too). The
 // copy of CPU tensors may still run after it returns: the caller must call
 // snapshotter.before_update() before it next changes the parameters or optimizer state
-// (the next optimizer step), or the snapshot is torn while its checksums still pass.
+// (the next optimizer step), or the snapshot is torn while its checksums still pass. The
+// module buffers, which a forward pass may change, are copied before it returns.
 double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64_t steps_done);
 // Loads the newest checkpoint under `root` that verifies (rank 0 chooses; damaged newer
 // ones are named on stderr) and returns its step, or 0 when there is none. A collective.

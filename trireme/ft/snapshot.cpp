@@ -299,7 +299,10 @@ Snapshotter::Slot* Snapshotter::claim(int64_t step, size_t bytes) {
     TRIREME_THROW(Error, "no room for a ", bytes >> 20, " MiB snapshot in ", dir_, " (", std::strerror(reserved),
                   "): free shared memory or set --snapshot-every 0");
   }
-  TRIREME_CHECK(base != MAP_FAILED, "cannot map snapshot file ", path, ": ", std::strerror(mapped_errno));
+  if (base == MAP_FAILED) {
+    fs::remove_all(target);  // (its reserved pages, the snapshot's size, go with it)
+    TRIREME_THROW(Error, "cannot map snapshot file ", path, ": ", std::strerror(mapped_errno));
+  }
   made_slot_ = true;
   Slot& slot = slots_.emplace_back();
   slot.dir = target;
