@@ -696,6 +696,28 @@ TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
   }
 }
 
+// A restart's leader waits for a member that beats on but never checks in (its agent
+// stuck) only until --join-timeout, as the followers do, and then ends the job saying
+// which node it waited for (before, it waited for ever).
+TEST(LaunchAgent, ARestartLeaderWaitsForAStuckMemberOnlyUntilTheJoinTimeout) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined; it beats but never checks in
+  LaunchOptions o = two_node_options("exit 3", 0);
+  o.join_timeout_s = 1;
+  LaunchResult result;
+  const auto start = Clock::now();
+  {
+    Heartbeat node1(channel, 1);
+    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  }
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.failure, "timed out after 1 s waiting for node 1 to check in to restart 1 (alive, but not "
+                            "stopping its workers)");
+  EXPECT_EQ(channel.try_get(keys::kFailure), result.failure);
+}
+
 // A first stopping signal that arrives while the agent stops the workers for a failure
 // (a scheduler's scancel, say) leaves them their grace period; only a second one hurries
 // the SIGKILL (before, the first one did).

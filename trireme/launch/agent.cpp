@@ -562,6 +562,9 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   }
   // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
   for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
+  // A member that beats on but never checks in (its agent stuck) is waited for as long as
+  // the followers wait for the decision (--join-timeout), who give up then too.
+  const auto deadline = now + std::chrono::seconds(options_.join_timeout_s);
   while (!waiting.empty()) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       const int id = *it;
@@ -587,6 +590,17 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
     pump(kMembershipPoll);
     if (first_signal_)
       return signalled_while_restarting();
+    if (auto failure = channel_.try_get(keys::kFailure)) {  // a follower gave up, or a worker failed
+      published_failure_ = *failure;
+      return stopped_while_restarting(WaitEnd::kFailure);
+    }
+    if (Clock::now() >= deadline) {
+      const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) + " s waiting for node" +
+                                  (waiting.size() > 1 ? "s " : " ") + join_ids(waiting) + " to check in to restart " +
+                                  std::to_string(generation) + " (alive, but not stopping its workers)";
+      publish_failure(failure);
+      return LaunchResult{1, failure};
+    }
   }
   // A leader taken for lost meanwhile (a stall longer than --node-timeout, not a death)
   // decides too. The decision is published in one compare-and-set, so the first stands and
