@@ -696,6 +696,35 @@ TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
   }
 }
 
+// A standby worker's output is forwarded while it waits: one that writes more than a pipe
+// holds before its activation (library warnings, a warm-up's log) goes on to wait for it,
+// and is activated by the restart (before, its pipe was not read until it died, so it
+// blocked in the write).
+TEST(LaunchAgent, AStandbyThatWritesMuchBeforeItsActivationDoesNotBlock) {
+  MemoryChannel channel;
+  CapturedIo io;
+  const std::string marker =
+      (std::filesystem::temp_directory_path() / ("trireme-test-standby-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(marker);
+  // Generation 0 fails (code 3) once the standby has written its 300 kB and waits (code 4
+  // if it never gets there); the standby, activated, exits 0.
+  LaunchOptions o = sh_options(
+      1, "if [ \"$TRIREME_STANDBY\" = 1 ]; then yes standby-output | head -c 300000; touch " + marker +
+             "; [ \"$(head -c 1 | od -An -tu1 | tr -d ' ')\" = 1 ] && exit 0; exit 5; fi; "
+             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then for i in $(seq 200); do [ -e " + marker +
+             " ] && exit 3; sleep 0.05; done; exit 4; fi; exit 6");
+  o.max_restarts = 1;
+  o.standby = true;
+  const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);  // the 300 kB go there
+  const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, {devnull, io.io().stderr_fd});
+  ::close(devnull);
+  std::filesystem::remove(marker);
+  const std::string err = io.stderr_text();
+  EXPECT_EQ(result.exit_code, 0) << result.failure << "\n" << err;
+  EXPECT_NE(err.find("exited with code 3"), std::string::npos) << err;
+  EXPECT_NE(err.find("1 from standby"), std::string::npos) << err;
+}
+
 // A restart's leader waits for a member that beats on but never checks in (its agent
 // stuck) only until --join-timeout, as the followers do, and then ends the job saying
 // which node it waited for (before, it waited for ever).

@@ -1034,10 +1034,12 @@ void Agent::spawn_standby(int generation) {
   }
 }
 
-// Closes the standby workers' activation pipes (they exit on EOF) and reaps them.
+// Closes the standby workers' activation pipes (they exit on EOF) and reaps them, with
+// what they wrote last.
 void Agent::end_standby() {
   for (auto& w : standby_) {
     if (w.go_fd >= 0) ::close(w.go_fd);
+    for (int s = 0; s < 2; ++s) forward(w, s, kDrainReads);
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
       if (!reap_within(w.pid, kKillReapLimit))
@@ -1045,8 +1047,7 @@ void Agent::end_standby() {
                                      " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
                                      " s of SIGKILL (stuck in the kernel?); left behind\n");
     }
-    for (int s = 0; s < 2; ++s)
-      if (w.fds[s] >= 0) ::close(w.fds[s]);
+    for (int s = 0; s < 2; ++s) close_stream(w, s);
   }
   standby_.clear();
 }
@@ -1170,13 +1171,16 @@ void Agent::pump(Clock::duration timeout) {
   timeout = std::min<Clock::duration>(timeout, kBeatInterval);
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
   std::vector<std::pair<Worker*, int>> owners;
-  for (auto& w : workers_) {
-    for (int s = 0; s < 2; ++s) {
-      if (w.fds[s] < 0) continue;
-      fds.push_back({w.fds[s], POLLIN, 0});
-      owners.emplace_back(&w, s);
+  // Standby workers too: one that writes more than its pipe holds while it waits for its
+  // activation would block in the write.
+  for (auto* group : {&workers_, &standby_})
+    for (auto& w : *group) {
+      for (int s = 0; s < 2; ++s) {
+        if (w.fds[s] < 0) continue;
+        fds.push_back({w.fds[s], POLLIN, 0});
+        owners.emplace_back(&w, s);
+      }
     }
-  }
   const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms(timeout));
   if (ready > 0) {
     if (fds[0].revents) take_signals();
