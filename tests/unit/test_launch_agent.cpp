@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -694,6 +695,39 @@ TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
           << result.failure;
     }
   }
+}
+
+// A reader of the agent's output that does not keep up (a paused terminal, `| less`) costs
+// output, not supervision: with its stdout unread, the agent still sees a worker fail and
+// publishes it (before, it blocked in the write for as long as the reader did).
+TEST(LaunchAgent, AnUnreadStdoutDoesNotStopTheSupervision) {
+  MemoryChannel channel;
+  CapturedIo io;
+  int out[2];
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);  // blocking, as a terminal or `| less` is
+  const std::string marker =
+      (std::filesystem::temp_directory_path() / ("trireme-test-unread-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(marker);
+  // Rank 0 writes 1 MB, far more than the pipe holds, then rank 1 fails (code 3; code 4 if
+  // rank 0's writes never end).
+  LaunchOptions o = sh_options(
+      2, "if [ $RANK = 0 ]; then head -c 1000000 /dev/zero | tr '\\0' x; touch " + marker +
+             "; exec sleep 30; fi; for i in $(seq 200); do [ -e " + marker + " ] && exit 3; sleep 0.05; done; exit 4");
+  std::atomic<bool> failure_seen{false};
+  std::string forwarded;
+  std::thread reader([&] {  // reads nothing until the failure is published
+    failure_seen = channel.wait_for(keys::kFailure, std::chrono::seconds(30));
+    char buffer[65536];
+    for (ssize_t n; (n = ::read(out[0], buffer, sizeof(buffer))) > 0;) forwarded.append(buffer, n);
+  });
+  const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, {out[1], io.io().stderr_fd});
+  ::close(out[1]);
+  reader.join();
+  ::close(out[0]);
+  std::filesystem::remove(marker);
+  EXPECT_TRUE(failure_seen);
+  EXPECT_EQ(result.failure, "rank 1 (node 0, local 1) exited with code 3; stopped the other workers");
+  EXPECT_EQ(std::count(forwarded.begin(), forwarded.end(), 'x'), 1000000);  // all of it, once read
 }
 
 // A standby worker's output is forwarded while it waits: one that writes more than a pipe

@@ -114,23 +114,6 @@ int poll_timeout_ms(Clock::duration d) {
   return static_cast<int>(std::min<long long>(ms, 60000));
 }
 
-void write_all(int fd, const std::string& text) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 1000);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return;  // the reader went away: drop the output, keep supervising
-    }
-  }
-}
-
 std::vector<std::string> current_environment() {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
@@ -183,7 +166,8 @@ class Agent {
  public:
   Agent(const LaunchOptions& options, AgentChannel& channel, const StoreAddress& store,
         const AgentIo& io, SnapshotKeeper* keeper)
-      : options_(options), channel_(channel), store_(store), io_(io), keeper_(keeper) {}
+      : options_(options), channel_(channel), store_(store), io_(io), out_(io.stdout_fd), err_(io.stderr_fd),
+        keeper_(keeper) {}
   ~Agent();
 
   LaunchResult run();
@@ -257,6 +241,7 @@ class Agent {
   AgentChannel& channel_;
   StoreAddress store_;
   AgentIo io_;
+  OutputWriter out_, err_;       // io_'s streams, written on threads of their own
   SnapshotKeeper* keeper_;       // machine-level snapshot redundancy, or null
   SignalPipe signals_;
   std::vector<Worker> workers_;
@@ -369,7 +354,7 @@ LaunchResult Agent::run() {
     if (event.ending == Ending::kNodeLost) event.ending = Ending::kWorkerFailed;  // published as the job's failure
     end_standby();
     if (keeper_ && !keeper_->summary().empty())
-      write_all(io_.stderr_fd, "trireme run: " + node() + ": " + keeper_->summary() + "\n");
+      err_.write("trireme run: " + node() + ": " + keeper_->summary() + "\n");
     LaunchResult result = finish(event);
     remove_snapshot_dir();
     return result;
@@ -468,7 +453,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   reap();
   const auto ready = std::count_if(standby_.begin(), standby_.end(),
                                    [&](const Worker& w) { return w.running && w.generation == generation; });
-  write_all(io_.stderr_fd, "trireme run: " + cause.what + "; restarting the workers (restart " +
+  err_.write("trireme run: " + cause.what + "; restarting the workers (restart " +
                                std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")" +
                                (ready ? ", " + std::to_string(ready) + " from standby" : std::string()) + "\n");
   for (auto& w : workers_) {
@@ -534,7 +519,7 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
       const int id = std::stoi(channel_.try_get(keys::restart_lead(generation, a)).value_or("-1"));
       if (id >= 0 && id != options_.node_rank && !contains(lost_leaders, id)) lost_leaders.push_back(id);
     }
-    write_all(io_.stderr_fd, "trireme run: " +
+    err_.write("trireme run: " +
                                  (named ? "node " + *named + ", leading restart " + std::to_string(generation) + ","
                                         : "the agent leading restart " + std::to_string(generation)) +
                                  " went silent; " + node() + " decides the membership instead\n");
@@ -648,7 +633,7 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   channel_.set(keys::kGeneration, std::to_string(generation));
   channel_.set(keys::restart_decided(generation), format_stamp(decided_us, options_.node_rank));
   if (!d.why_dropped.empty())
-    write_all(io_.stderr_fd, "trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
+    err_.write("trireme run: " + d.why_dropped + "; going on with nodes " + join_ids(d.members) + "\n");
   return std::nullopt;
 }
 
@@ -677,7 +662,7 @@ std::optional<LaunchResult> Agent::take_members(int generation, const std::strin
   if (changed && keeper_ && !snapshot_dir_.empty()) {
     KeeperRecovery recovery;
     while_pumping([&] { recovery = keeper_->recover(previous, keeper_generation()); });
-    if (!recovery.message.empty()) write_all(io_.stderr_fd, "trireme run: " + recovery.message + "\n");
+    if (!recovery.message.empty()) err_.write("trireme run: " + recovery.message + "\n");
   }
   return await_recovery(generation);
 }
@@ -738,7 +723,7 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
 // redundancy (SnapshotKeeper::flush: a shard only this machine held is then rebuilt by
 // the others), and go.
 LaunchResult Agent::leave(const Event& event) {
-  write_all(io_.stderr_fd, "trireme run: " + node() + " received " + signal_name(event.signal) +
+  err_.write("trireme run: " + node() + " received " + signal_name(event.signal) +
                                " (preemption notice): stopping its workers and leaving the job\n");
   int64_t its = 0;
   try {
@@ -755,7 +740,7 @@ LaunchResult Agent::leave(const Event& event) {
     const double left_s = options_.preemption_grace_s - std::chrono::duration<double>(Clock::now() - start).count();
     bool flushed = false;
     while_pumping([&] { flushed = keeper_->flush(std::max(0.0, left_s)); });
-    if (!flushed) write_all(io_.stderr_fd, "trireme run: " + node() + ": its last snapshot step could not be "
+    if (!flushed) err_.write("trireme run: " + node() + ": its last snapshot step could not be "
                                                "protected within --grace-seconds; the others resume from an older one\n");
     while_pumping([&] { keeper_->stop(); });
   }
@@ -767,7 +752,7 @@ LaunchResult Agent::leave(const Event& event) {
   char line[160];
   std::snprintf(line, sizeof line, "%s left the job %.1f s after the notice (grace %g s)", node().c_str(), took,
                 options_.preemption_grace_s);
-  write_all(io_.stderr_fd, "trireme run: " + std::string(line) + "\n");
+  err_.write("trireme run: " + std::string(line) + "\n");
   return {0, ""};
 }
 
@@ -878,7 +863,7 @@ std::optional<LaunchResult> Agent::join_running() {
   const std::string request = keys::pending(options_.node_rank);
   channel_.set(request, run_id_);
   channel_.add(keys::kPending, 1);
-  write_all(io_.stderr_fd, "trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
+  err_.write("trireme run: " + node() + " asks to join the running job at " + rdzv() + "\n");
   int generation = std::stoi(channel_.try_get(keys::kGeneration).value_or("0")) + 1;
   auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
   // A node that gives up withdraws its request (a later restart's leader would otherwise
@@ -952,7 +937,7 @@ std::optional<LaunchResult> Agent::join_running() {
       enter(generation, members);
       if (auto refused = await_recovery(generation)) return refused;
       if (lost_at_barrier_) return std::nullopt;  // a member: run() restarts without the lost one
-      write_all(io_.stderr_fd, "trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
+      err_.write("trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
                                    " (nodes " + join_ids(members) + ")\n");
       return std::nullopt;
     }
@@ -1043,7 +1028,7 @@ void Agent::end_standby() {
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
       if (!reap_within(w.pid, kKillReapLimit))
-        write_all(io_.stderr_fd, "trireme run: " + node() + ": standby worker " + std::to_string(w.pid) +
+        err_.write("trireme run: " + node() + ": standby worker " + std::to_string(w.pid) +
                                      " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
                                      " s of SIGKILL (stuck in the kernel?); left behind\n");
     }
@@ -1199,12 +1184,12 @@ void Agent::take_signals() {
 }
 
 void Agent::forward(Worker& w, int stream, int max_reads) {
-  const int out = stream == 0 ? io_.stdout_fd : io_.stderr_fd;
+  OutputWriter& out = stream == 0 ? out_ : err_;
   char buffer[kReadSize];
   for (int reads = 0; w.fds[stream] >= 0 && reads < max_reads;) {
     const ssize_t n = ::read(w.fds[stream], buffer, sizeof(buffer));
     if (n > 0) {
-      write_all(out, w.lines[stream]->feed(std::string_view(buffer, n)));
+      out.write(w.lines[stream]->feed(std::string_view(buffer, n)));
       ++reads;
     } else if (n < 0 && errno == EINTR) {
       continue;
@@ -1218,7 +1203,7 @@ void Agent::forward(Worker& w, int stream, int max_reads) {
 
 void Agent::close_stream(Worker& w, int stream) {
   if (w.fds[stream] < 0) return;
-  write_all(stream == 0 ? io_.stdout_fd : io_.stderr_fd, w.lines[stream]->finish());
+  (stream == 0 ? out_ : err_).write(w.lines[stream]->finish());
   ::close(w.fds[stream]);
   w.fds[stream] = -1;
 }
@@ -1232,7 +1217,7 @@ void Agent::reap() {
       forward(w, s, kDrainReads);
       close_stream(w, s);
     }
-    write_all(io_.stderr_fd, "trireme run: the standby worker for rank " + std::to_string(w.rank) + " " +
+    err_.write("trireme run: the standby worker for rank " + std::to_string(w.rank) + " " +
                                  describe_wait_status(status) +
                                  " before it was needed; a restart will start a new worker\n");
   }
@@ -1308,7 +1293,7 @@ void Agent::report_restart() {
                 "recovery %.2f s, workers resuming and their first step %.2f s)",
                 generation_, secs(Clock::now() - failure_seen_), secs(members_decided_ - failure_seen_),
                 secs(recovered_ - members_decided_), secs(Clock::now() - recovered_));
-  write_all(io_.stderr_fd, "trireme run: " + std::string(line) + "\n");
+  err_.write("trireme run: " + std::string(line) + "\n");
 }
 
 // Once every local worker of this generation has finished a step (so has loaded its

@@ -3,11 +3,20 @@
 // mid-line. '\n' and '\r' both end a line; a line ended by '\r' keeps its '\r', so a
 // worker's live progress line (redrawn with '\r') stays live through the launcher. A '\n'
 // right after a '\r' (CRLF) is passed on alone rather than starting an empty line.
+//
+// OutputWriter writes the agent's own output (forwarded lines and its messages) on a
+// thread of its own, so that a reader that does not keep up (a terminal paused with
+// Ctrl-S, `trireme run ... | less` left unscrolled, a stalled ssh) costs output rather
+// than the agent's supervision: its heartbeat, signals and failure checks go on.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace trireme::launch {
 
@@ -30,6 +39,35 @@ class LinePrefixer {
   std::size_t max_line_;
   std::string pending_;
   bool after_cr_ = false;  // the last terminator passed on was '\r'
+};
+
+// Writes to a file descriptor (blocking or not) in order, on its own thread. At most
+// `capacity` bytes wait for the reader; text beyond that is dropped and counted, and the
+// count is written ("trireme run: N bytes of output dropped ...") once the reader has
+// caught up. A reader that went away (EPIPE) drops everything after it, silently.
+class OutputWriter {
+ public:
+  explicit OutputWriter(int fd, std::size_t capacity = std::size_t{8} << 20);
+  // Writes what waits (blocking: the job is over, nothing else needs the agent), then ends.
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
+
+  // Never blocks on the reader.
+  void write(std::string text);
+
+ private:
+  void run();
+
+  const int fd_;
+  const std::size_t capacity_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::string> queue_;
+  std::size_t queued_bytes_ = 0;
+  std::size_t dropped_bytes_ = 0;
+  bool closing_ = false;
+  std::thread thread_;  // last: started once the rest is ready
 };
 
 }  // namespace trireme::launch
