@@ -153,7 +153,7 @@ class ElasticBase(unittest.TestCase):
         rounds run at idle priority, so on a loaded machine the first can come late."""
         deadline = time.monotonic() + 120
         while True:
-            areas = [a for a in os.listdir(self.areas) if "-node" in a]
+            areas = [a for a in os.listdir(self.areas) if "-node" in a and not a.endswith(".lock")]
             done = [a for a in areas if any(p.isdigit() for p in listdir(os.path.join(self.areas, a, "protected")))]
             if len(areas) == len(agents) and len(done) == len(agents):
                 return
@@ -163,7 +163,8 @@ class ElasticBase(unittest.TestCase):
             time.sleep(0.05)
 
     def kill_machine(self, agent, node):
-        """kill -9 of an agent and its workers; its snapshot area goes too (its memory)."""
+        """kill -9 of an agent and its workers; its snapshot area goes too (its memory), with
+        the lock its agent held on it (AREA.lock)."""
         workers = children(agent.pid)
         agent.kill()
         for pid in workers:
@@ -175,6 +176,8 @@ class ElasticBase(unittest.TestCase):
         for area in os.listdir(self.areas):
             if area.endswith(f"-node{node}"):
                 shutil.rmtree(os.path.join(self.areas, area), ignore_errors=True)
+            elif area.endswith(f"-node{node}.lock"):
+                os.remove(os.path.join(self.areas, area))
 
     def finish(self, agents, survivors):
         errs = {}

@@ -4,6 +4,7 @@
 // restarts with other nodes faked through the channel (lost members and leaders).
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -695,6 +696,36 @@ TEST(LaunchAgent, AFinishedNodeWhoseHeartbeatStoppedIsNotLost) {
           << result.failure;
     }
   }
+}
+
+// The snapshot areas of agents that died without removing theirs (kill -9) are removed by
+// the next agent on the machine: a live agent's area is locked (AREA.lock), a dead one's
+// lock is free. An area without a lock file (not an agent's) is left alone.
+TEST(LaunchAgent, AnAgentRemovesTheSnapshotAreasOfDeadAgents) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("trireme-test-areas-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  for (const char* area : {"trireme-dead-node0", "trireme-live-node1", "trireme-other-node2"}) {
+    fs::create_directories(root / area / "rank-0");
+    std::ofstream(root / area / "rank-0" / "data.bin") << "snapshot";
+  }
+  std::ofstream(root / "trireme-dead-node0.lock").flush();
+  std::ofstream(root / "trireme-live-node1.lock").flush();
+  const int live = ::open((root / "trireme-live-node1.lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_EQ(::flock(live, LOCK_EX | LOCK_NB), 0);  // its agent, alive
+  ::setenv("TRIREME_SNAPSHOT_ROOT", root.c_str(), 1);
+  MemoryChannel channel;
+  CapturedIo io;
+  const LaunchResult result = run_agent(sh_options(1, "true"), channel, {"127.0.0.1", 1234}, io.io());
+  ::unsetenv("TRIREME_SNAPSHOT_ROOT");
+  ::close(live);
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(root)) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  // (This agent's own area and lock are gone too, with the job.)
+  EXPECT_EQ(left, (std::vector<std::string>{"trireme-live-node1", "trireme-live-node1.lock", "trireme-other-node2"}));
+  fs::remove_all(root);
 }
 
 // A reader of the agent's output that does not keep up (a paused terminal, `| less`) costs

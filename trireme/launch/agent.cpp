@@ -1,6 +1,7 @@
 // The node agent's protocol and supervision loop: see agent.h for the steps.
 //
-// One thread does everything: a poll() over the signal self-pipe and every worker's
+// One thread does everything but write the agent's output (launch::OutputWriter, one
+// thread per stream, so a slow reader cannot stall it): a poll() over the signal self-pipe and every worker's
 // stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
 // store's failure key. Each wake-up forwards at most one read per pipe, so a worker that
 // writes without pause does not hold the loop. Workers that ended are found after every
@@ -9,7 +10,10 @@
 // drained before they close, so no output it wrote is lost.
 #include "trireme/launch/agent.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -265,6 +269,7 @@ class Agent {
   // snapshot area are removed once this generation's workers have loaded (stepped).
   bool old_rank_dirs_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
+  int area_lock_fd_ = -1;     // holds a lock on snapshot_dir_ + ".lock" while this agent lives
   int first_signal_ = 0;     // the first stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), 0 if none
   int signal_count_ = 0;     // all stopping signals received
   std::string first_failure_;  // the first worker that failed on its own
@@ -757,19 +762,60 @@ LaunchResult Agent::leave(const Event& event) {
 }
 
 // The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
-// that it outlives the workers, removed when the job ends.
+// that it outlives the workers, removed when the job ends; and the areas of agents that
+// died without removing theirs are removed here.
 void Agent::make_snapshot_dir() {
   const char* root = std::getenv("TRIREME_SNAPSHOT_ROOT");  // where the areas go; tests isolate them
   const std::string base = root && *root ? root : std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
   // Named here, created by the first worker that snapshots: an agent killed before any
   // snapshot (kill -9 leaves it no chance to clean up) leaves nothing behind.
   snapshot_dir_ = base + "/trireme-" + run_id_ + "-node" + std::to_string(options_.node_rank);
-  if (::access(base.c_str(), W_OK) != 0) snapshot_dir_.clear();  // workers fall back to disk
+  if (::access(base.c_str(), W_OK) != 0) {
+    snapshot_dir_.clear();  // workers fall back to disk
+    return;
+  }
+  // An agent killed with -9 (or by the OOM killer) cannot remove its area, and the areas of
+  // such agents would fill shared memory job after job. Each agent holds a lock on
+  // AREA.lock while it lives; one starting removes the areas whose lock nobody holds.
+  const std::string lock_path = snapshot_dir_ + ".lock";
+  for (int attempt = 0; attempt < 100 && area_lock_fd_ < 0; ++attempt) {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) break;  // best effort: this area would only not be swept after a kill -9
+    struct stat held {}, named {};
+    // (A sweeper may hold it for a moment, and unlink it: then lock the new file.)
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+      area_lock_fd_ = fd;
+    } else {
+      ::close(fd);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
+    const std::string path = entry.path().string(), name = entry.path().filename().string();
+    if (name.rfind("trireme-", 0) != 0 || name.size() < 5 || name.compare(name.size() - 5, 5, ".lock") != 0 ||
+        path == lock_path)
+      continue;
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its agent is gone
+      std::error_code ignored;
+      std::filesystem::remove_all(path.substr(0, path.size() - 5), ignored);
+      ::unlink(path.c_str());
+    }
+    ::close(fd);
+  }
 }
 
 void Agent::remove_snapshot_dir() {
   std::error_code ec;
   if (!snapshot_dir_.empty()) std::filesystem::remove_all(snapshot_dir_, ec);
+  if (area_lock_fd_ >= 0) {
+    ::unlink((snapshot_dir_ + ".lock").c_str());
+    ::close(area_lock_fd_);
+    area_lock_fd_ = -1;
+  }
 }
 
 // ---- step 1: join ------------------------------------------------------------------------
