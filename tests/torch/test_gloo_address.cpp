@@ -34,6 +34,22 @@ TEST(GlooAddress, AHostNameOnLoopbackIsNotBoundWhenTheJobSpansMachines) {
   }
 }
 
+TEST(GlooAddress, ARendezvousHostWithoutAnIpv4RouteDoesNotLeaveTheBindToGloosDefault) {
+  // An IPv6 address (no IPv4 route, and no name lookup): on one machine Gloo's default
+  // device serves (""); across machines an interface that is up, or a refusal naming the
+  // fix. (Before, the default device bound the host name's address, maybe 127.0.1.1.)
+  EXPECT_EQ(gloo_bind_address("fd00::1", /*spans_machines=*/false), "");
+  try {
+    const std::string address = gloo_bind_address("fd00::1", /*spans_machines=*/true);
+    EXPECT_FALSE(address.empty());
+    EXPECT_NE(address.rfind("127.", 0), 0u) << address;
+    // The same interface as for a rendezvous host on loopback.
+    EXPECT_EQ(address, gloo_bind_address("127.0.1.1", /*spans_machines=*/true));
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TRIREME_GLOO_IFACE"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GlooAddress, AnUnknownInterfaceIsRefusedNamingTheVariable) {
   const char* old = std::getenv("TRIREME_GLOO_IFACE");
   const std::string saved = old ? old : "";

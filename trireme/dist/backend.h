@@ -39,7 +39,8 @@ struct GroupOptions {
   // NCCL only: the GPU this process drives. The plugin makes it the current device and
   // binds the group to it, so that a barrier or a first collective with no tensor to go
   // by (a subgroup's, before any all-reduce) uses it, not c10d's guess of rank % GPUs,
-  // which in a subgroup names another process's GPU. -1 leaves both to c10d.
+  // which in a subgroup names another process's GPU. -1 leaves both to c10d; World
+  // (dist/world.h) makes it the process's local rank.
   int cuda_device = -1;
   // Gloo only: where the job's rendezvous store is and whether the job spans machines, as
   // the launcher's environment said (WorldInfo; World sets both). Gloo binds this host's
@@ -58,9 +59,10 @@ Group create_gloo_group(const Store& store, int rank, int size, const GroupOptio
 // The address a Gloo group binds unless TRIREME_GLOO_IFACE names an interface: loopback
 // when `master_addr` is (one machine); else this host's address on the route to it (not
 // the host name, which Debian maps to 127.0.1.1); and when that route is loopback while
-// the job spans machines (`master_addr` names this very host), the first IPv4 address of
-// an interface that is up. "" when none is found (Gloo's default then). Throws
-// InvalidArgument when a job across machines has no such address.
+// the job spans machines (`master_addr` names this very host), or there is no IPv4 route
+// to it (an IPv6 address, a name this host cannot resolve), the first IPv4 address of an
+// interface that is up. "" on one machine when none is found (Gloo's default then).
+// Throws InvalidArgument when a job across machines has no such address.
 std::string gloo_bind_address(const std::string& master_addr, bool spans_machines);
 Group create_nccl_group(const Store& store, int rank, int size, const GroupOptions& options);
 

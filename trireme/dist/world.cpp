@@ -237,6 +237,10 @@ World World::connect(const WorldInfo& info, const WorldOptions& given) {
   WorldOptions options = given;
   options.group.master_addr = info.master_addr;
   options.group.spans_machines = info.spans_machines();
+  // NCCL: one GPU per process, by its rank on the machine, unless the caller chose one
+  // (left to c10d, a subgroup's first barrier would guess rank % GPUs: another's GPU).
+  if (options.group.backend == BackendKind::kNccl && options.group.cuda_device < 0)
+    options.group.cuda_device = info.local_rank;
   Store base = connect_store(info, options);
   Store store = c10::make_intrusive<c10d::PrefixStore>(
       "trireme/gen" + std::to_string(info.restart_count), base);

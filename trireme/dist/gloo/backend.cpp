@@ -98,6 +98,15 @@ std::string gloo_bind_address(const std::string& master, bool spans_machines) {
                   " leads to loopback on this machine and it has no other IPv4 interface up, but the job spans "
                   "machines; give the rendezvous host's reachable address, or set TRIREME_GLOO_IFACE");
   }
+  // No IPv4 route to it (an IPv6 address, a name this machine cannot resolve): Gloo's
+  // default device would bind the host name's address, which may be loopback (127.0.1.1)
+  // that the other machines cannot reach.
+  if (local.empty() && spans_machines) {
+    local = first_external_address();
+    TRIREME_CHECK(!local.empty(), "MASTER_ADDR ", master,
+                  " has no IPv4 route from this machine and it has no IPv4 interface up, but the job spans "
+                  "machines; give the rendezvous host's IPv4 address, or set TRIREME_GLOO_IFACE");
+  }
   return local;
 }
 
