@@ -342,6 +342,25 @@ class Signals(unittest.TestCase):
         proc.communicate(timeout=TIMEOUT)
         self.assertTrue(wait_pids_gone(pids, 10), "workers outlived a kill -9 of the launcher")
 
+    def test_kill_9_of_the_launcher_leaves_no_grandchild(self):
+        """A process a worker started (a shell's command, a launcher's child) has no
+        PR_SET_PDEATHSIG of its own: the agent's guard (launch/group_guard.h) kills the
+        workers' process groups when the agent is killed (before, such a process ran on)."""
+        prog = ("import os, subprocess, time\n"
+                "child = subprocess.Popen(['sleep', '300'])\n"
+                "print('ready', os.getpid(), child.pid, flush=True)\n"
+                "time.sleep(120)\n")
+        proc = start(self, ["--nproc-per-node", "2"], [PY, "-c", prog])
+        pids = []
+        for _ in range(2):
+            line = proc.stdout.readline().split()
+            self.assertEqual(line[1:2], ["ready"], line)
+            pids += [int(line[2]), int(line[3])]
+        self.addCleanup(lambda: [os.kill(p, signal.SIGKILL) for p in pids if os.path.exists(f"/proc/{p}")])
+        proc.kill()
+        proc.communicate(timeout=TIMEOUT)
+        self.assertTrue(wait_pids_gone(pids, 10), "a worker or a process it started outlived a kill -9 of the launcher")
+
 
 class ExternalStore(unittest.TestCase):
     def test_a_store_serves_one_job(self):

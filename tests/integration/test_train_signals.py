@@ -73,7 +73,8 @@ class TrainSignals(unittest.TestCase):
             _, err = proc.communicate(timeout=30)
             print(f"SIGTERM: exit {proc.returncode} after {time.monotonic() - t0:.2f} s: "
                   f"{err.strip().splitlines()[-1]}")
-            self.assertNotEqual(proc.returncode, 0)
+            self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err[-2000:])  # not an abort, not a plain 1
+            self.assertIn("received SIGTERM", err.strip().splitlines()[-1])
             self.assertEqual(workers_alive(out), [], "ranks left running after SIGTERM")
         finally:
             end(proc, out)
@@ -93,7 +94,7 @@ class TrainSignals(unittest.TestCase):
             elapsed = time.monotonic() - t0
             last = err.strip().splitlines()[-1]
             print(f"kill -9 rank 1: exit {proc.returncode} after {elapsed:.2f} s: {last}")
-            self.assertNotEqual(proc.returncode, 0)
+            self.assertEqual(proc.returncode, 1, err[-2000:])
             self.assertLess(elapsed, FAIL_FAST_S, "the job did not fail fast")
             self.assertIn("rank 1", last)
             self.assertIn("signal 9", last)

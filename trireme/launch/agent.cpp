@@ -38,6 +38,7 @@
 #include "trireme/common/error.h"
 #include "trireme/launch/exit_status.h"
 #include "trireme/launch/membership.h"
+#include "trireme/launch/group_guard.h"
 #include "trireme/launch/output.h"
 #include "trireme/launch/process.h"
 #include "trireme/launch/restart_clock.h"
@@ -187,7 +188,7 @@ class Agent {
   std::optional<LaunchResult> join();
   std::optional<LaunchResult> join_running();
   LaunchResult withdraw(LaunchResult result, bool counted);
-  Worker start_worker(int local, int generation, bool standby) const;
+  Worker start_worker(int local, int generation, bool standby);
   std::optional<Event> spawn_workers(int restart);
   void spawn_standby(int generation);
   void end_standby();
@@ -246,6 +247,7 @@ class Agent {
   StoreAddress store_;
   AgentIo io_;
   OutputWriter out_, err_;       // io_'s streams, written on threads of their own
+  GroupGuard guard_;             // kills the workers' process groups if this agent is killed
   SnapshotKeeper* keeper_;       // machine-level snapshot redundancy, or null
   SignalPipe signals_;
   std::vector<Worker> workers_;
@@ -996,7 +998,7 @@ std::optional<LaunchResult> Agent::join_running() {
 // Starts local worker `local` of generation `generation` (a standby when `standby`: it
 // waits in await_activation() for one byte on its stdin). Throws Error naming the
 // program when it cannot be executed.
-Worker Agent::start_worker(int local, int generation, bool standby) const {
+Worker Agent::start_worker(int local, int generation, bool standby) {
   const char* path = std::getenv("PATH");
   const std::string& program = options_.command.front();
   const std::string executable = find_executable(program, path ? path : "/usr/bin:/bin");
@@ -1007,6 +1009,7 @@ Worker Agent::start_worker(int local, int generation, bool standby) const {
   std::vector<std::string> env = worker_environment(current_environment(), options_, local, job);
   if (standby) env.push_back(std::string(kStandbyEnv) + "=1");
   const SpawnedProcess p = spawn_process(executable, options_.command, env, /*stdin_pipe=*/standby);
+  guard_.watch(p.pid);
   Worker w;
   w.local_rank = local;
   w.rank = global_rank(local);
@@ -1073,7 +1076,9 @@ void Agent::end_standby() {
     for (int s = 0; s < 2; ++s) forward(w, s, kDrainReads);
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
-      if (!reap_within(w.pid, kKillReapLimit))
+      if (reap_within(w.pid, kKillReapLimit))
+        guard_.forget(w.pid);
+      else
         err_.write("trireme run: " + node() + ": standby worker " + std::to_string(w.pid) +
                                      " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
                                      " s of SIGKILL (stuck in the kernel?); left behind\n");
@@ -1258,6 +1263,7 @@ void Agent::reap() {
   for (auto& w : standby_) {  // one that died waiting is not used; say why
     int status = 0;
     if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+    guard_.forget(w.pid);
     w.running = false;
     for (int s = 0; s < 2; ++s) {
       forward(w, s, kDrainReads);
@@ -1387,6 +1393,7 @@ void Agent::stop_workers(double grace_s) {
     if (w.running || w.pid < 0) continue;
     while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
     }
+    guard_.forget(w.pid);
     w.pid = -1;
   }
 }

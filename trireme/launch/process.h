@@ -3,7 +3,8 @@
 // A worker runs in its own process group (so a signal reaches it and anything it
 // started), with stdin from /dev/null (or the standby handshake pipe), stdout and stderr
 // on pipes read by the agent, and PR_SET_PDEATHSIG=SIGKILL so that a killed agent
-// (kill -9) leaves no orphan behind.
+// (kill -9) leaves no orphan behind. (That reaches the worker alone; the processes it
+// starts are killed with its group by the agent's guard, launch/group_guard.h.)
 #pragma once
 
 #include <sys/types.h>

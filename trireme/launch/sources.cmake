@@ -3,6 +3,7 @@
 target_sources(trireme_core PRIVATE
   trireme/launch/agent.cpp
   trireme/launch/exit_status.cpp
+  trireme/launch/group_guard.cpp
   trireme/launch/membership.cpp
   trireme/launch/options.cpp
   trireme/launch/output.cpp
