@@ -248,6 +248,7 @@ class Agent {
   AgentIo io_;
   OutputWriter out_, err_;       // io_'s streams, written on threads of their own
   GroupGuard guard_;             // kills the workers' process groups if this agent is killed
+  std::vector<pid_t> left_behind_;  // workers of earlier generations that SIGKILL did not end
   SnapshotKeeper* keeper_;       // machine-level snapshot redundancy, or null
   SignalPipe signals_;
   std::vector<Worker> workers_;
@@ -466,6 +467,14 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   for (auto& w : workers_) {
     close_stream(w, 0);
     close_stream(w, 1);
+    // One that SIGKILL did not end (stuck in the kernel) starts beside the next generation:
+    // said once, and reaped when it ends (its group stays with the guard).
+    if (w.running) {
+      err_.write("trireme run: " + worker_name(w) + " (pid " + std::to_string(w.pid) + ") did not end within " +
+                 std::to_string(kKillReapLimit.count() / 1000) +
+                 " s of SIGKILL (stuck in the kernel?); the restart goes on beside it\n");
+      left_behind_.push_back(w.pid);
+    }
   }
   workers_.clear();
   first_failure_.clear();
@@ -1260,6 +1269,15 @@ void Agent::close_stream(Worker& w, int stream) {
 }
 
 void Agent::reap() {
+  for (auto it = left_behind_.begin(); it != left_behind_.end();) {
+    const pid_t ended = ::waitpid(*it, nullptr, WNOHANG);
+    if (ended == *it || (ended < 0 && errno == ECHILD)) {
+      guard_.forget(*it);
+      it = left_behind_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto& w : standby_) {  // one that died waiting is not used; say why
     int status = 0;
     if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
