@@ -11,6 +11,8 @@ processes, real kill -9):
   recovery uses the previous complete snapshot, still bitwise equal at the end; and a
   committed snapshot whose data is damaged (a flipped byte, TRIREME_TEST_DAMAGE_SNAPSHOT)
   is skipped for the one before it;
+- a worker lost after the last step (TRIREME_TEST_KILL_AFTER_TRAINING): the restart
+  resumes at --steps, trains nothing, and writes the run's files and parameters;
 - a worker that hangs (stops without exiting) is detected by its stalled heartbeat
   (--heartbeat-timeout), killed, and the job restarts and finishes bitwise equal too;
 - across two agents (emulated machines): the failure on one makes both start a new
@@ -91,7 +93,7 @@ class Recovery(SnapshotAreaTest):
         return raw(dump), [m["loss"] for m in metrics(out)]
 
     def check(self, nproc, layout, victim, kill_at=None, env=None, steps=STEPS, after_standby=False, shared=None,
-              model=MODEL):
+              model=MODEL, trains_after=True):
         ref_params, ref_losses = self.reference(nproc, layout, steps, model)
         out = os.path.join(self.dir, "killed")
         dump = out + ".params"
@@ -130,7 +132,8 @@ class Recovery(SnapshotAreaTest):
         if shared is not None:  # the data-parallel replicas shared each snapshot (--snapshot-share)
             self.assertEqual(f"(shared by {shared} replicas)" in resumed[0], shared > 1, resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
-        self.check_recovery_report(stderr, metrics(out))
+        if trains_after:  # (the report comes with the first step after the restart)
+            self.check_recovery_report(stderr, metrics(out))
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
         self.assertEqual(raw(dump), ref_params, "final parameters differ from the uninterrupted run")
         self.assertEqual(workers_alive(out), [])
@@ -223,6 +226,20 @@ class Recovery(SnapshotAreaTest):
         self.assertIn("skipping a damaged snapshot", stderr)
         self.assertIn("CRC-32 mismatch", stderr)
         self.assertIn("resumed at step 5 from memory snapshots", stderr)
+
+    def test_a_worker_lost_after_the_last_step_is_restarted_at_it(self):
+        # Rank 1 is killed after its last step, once every rank's snapshot of it is whole
+        # (TRIREME_TEST_KILL_AFTER_TRAINING): the restart resumes at --steps, trains
+        # nothing, and still writes the run's files (the loss curve, the traces, the
+        # layout, the parameters), equal to the uninterrupted run's.
+        steps = 6
+        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=1,
+                            env={"TRIREME_TEST_KILL_AFTER_TRAINING": "1"}, steps=steps, trains_after=False)
+        self.assertIn(f"resumed at step {steps} from memory snapshots", stderr)
+        self.assertNotIn("nothing to train", stderr)  # (that is a --resume's, not a restart's)
+        out = os.path.join(self.dir, "killed")
+        for name in ("loss.svg", "trace.json", "timeline.svg", "run.json"):
+            self.assertTrue(os.path.exists(os.path.join(out, name)), name)
 
     def test_hung_worker_is_killed_and_restarted(self):
         # Rank 1 stops after step 6 without exiting (TRIREME_TEST_HANG_AT); its heartbeat

@@ -334,6 +334,16 @@ std::function<void(int64_t)> kill_in_snapshot_seam(int rank, int restart, const 
   };
 }
 
+// Test seam: TRIREME_TEST_KILL_AFTER_TRAINING=RANK makes that rank of the first
+// generation SIGKILL itself after its last step, once that step is whole on the node: the
+// restart resumes at --steps itself, trains nothing, and writes the run's files.
+void kill_after_training_seam(int rank, int restart, const std::string& snapshot_dir, int64_t steps) {
+  const char* spec = std::getenv("TRIREME_TEST_KILL_AFTER_TRAINING");
+  if (!spec || restart > 0 || std::atoi(spec) != rank || snapshot_dir.empty()) return;
+  await_snapshot_on_node(snapshot_dir, steps);
+  std::raise(SIGKILL);
+}
+
 // Test seam: TRIREME_TEST_DAMAGE_SNAPSHOT="RANK:STEP" makes that rank of the first
 // generation, on the training thread right after its snapshot of STEP, wait until STEP is
 // whole on the node, flip a byte in the middle of its own snapshot's data (as a memory
@@ -800,6 +810,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   // than a 2 s --heartbeat-timeout, and the finished job was killed as hung.)
   world.heartbeat_done();
   if (snapshotter) snapshotter->wait();
+  kill_after_training_seam(rank, restart, snapshot_dir, opt.steps);
   if (checkpointer) checkpointer->wait();  // rank 0 commits the last checkpoint before leaving
   check_replicas_agree(*engine, groups, device);
   if (leader && !opt.quiet) progress.finish();
