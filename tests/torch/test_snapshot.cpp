@@ -145,6 +145,44 @@ TEST(Snapshotter, ASlotTheAgentHoldsIsNotReused) {
   EXPECT_FALSE(fs::exists(area.path + "/1"));
 }
 
+// With five slots and every one but the newest two held, the slot of the snapshot before
+// the newest serves (the newest complete one stays), rather than this snapshot and every
+// later one being skipped, which held the keeper's step for good.
+TEST(Snapshotter, WithNoSlotLeftTheOneBeforeTheNewestServes) {
+  TempDir area;
+  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
+  at::Tensor weight = at::randn({16, 5});
+  at::Tensor step = at::zeros({1}, at::kLong);
+  std::vector<at::Tensor> taken;
+  const auto take = [&](int64_t s) {
+    weight.add_(1.0);
+    step.fill_(s);
+    taken.push_back(weight.clone());
+    snapshots.take(s, pieces_of(weight, step));
+    snapshots.wait();
+  };
+  std::vector<int> held;
+  const auto hold = [&](int64_t s) {
+    const int fd = ::open((area.path + "/" + std::to_string(s) + "/data.bin").c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+    held.push_back(fd);
+  };
+  for (int64_t s = 1; s <= 3; ++s) take(s);
+  hold(1);
+  take(4);  // a fourth slot
+  hold(2);
+  take(5);  // a fifth
+  hold(3);
+  const ino_t fourth = inode(area.path + "/4/data.bin");
+  take(6);  // held: 1, 2, 3; no sixth: step 4's slot serves, step 5 stays
+  EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{6, 5, 3, 2, 1}));
+  EXPECT_EQ(inode(area.path + "/6/data.bin"), fourth);
+  const Checkpoint c = Checkpoint::open(area.path + "/6", /*verify_data=*/true);
+  EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {16, 5}}), taken.back()));
+  for (int fd : held) ::close(fd);
+}
+
 TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
   TempDir area;
   Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0},

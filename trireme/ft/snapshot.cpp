@@ -262,13 +262,12 @@ Snapshotter::Slot* Snapshotter::claim(int64_t step, size_t bytes) {
   slots_.erase(std::remove_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.base == nullptr; }),
                slots_.end());
   if (fs::exists(target)) fs::remove_all(target);  // left by an earlier generation (a held file stays)
-  // The oldest slot but the two newest snapshots, whose file no keeper holds.
-  if (slots_.size() >= static_cast<size_t>(kSlots)) {
-    std::vector<Slot*> order;
-    for (Slot& slot : slots_) order.push_back(&slot);
-    std::sort(order.begin(), order.end(), [](const Slot* a, const Slot* b) { return a->step < b->step; });
-    order.resize(order.size() - 2);
-    for (Slot* slot : order) {
+  std::vector<Slot*> order;  // oldest first
+  for (Slot& slot : slots_) order.push_back(&slot);
+  std::sort(order.begin(), order.end(), [](const Slot* a, const Slot* b) { return a->step < b->step; });
+  // The first of `candidates` whose file no keeper holds, made this snapshot's slot.
+  const auto reuse = [&](const std::vector<Slot*>& candidates) -> Slot* {
+    for (Slot* slot : candidates) {
       const SlotLock lock(slot->dir + "/data.bin");
       if (!lock.held()) continue;  // lent to the keeper
       fs::remove(slot->dir + "/manifest.json");  // the old snapshot is incomplete from here on
@@ -278,11 +277,21 @@ Snapshotter::Slot* Snapshotter::claim(int64_t step, size_t bytes) {
       keep_ = static_cast<int>(slots_.size());
       return slot;
     }
-  }
-  // A slot beyond the three in use is for the keeper's sake: when there is no room for it,
-  // this snapshot is skipped (nullptr), not the job.
+    return nullptr;
+  };
+  // The oldest slot but the two newest snapshots.
+  if (order.size() >= static_cast<size_t>(kSlots))
+    if (Slot* slot = reuse(std::vector<Slot*>(order.begin(), order.end() - 2))) return slot;
+  // When no slot beyond those can be had, the one before the newest serves: the newest
+  // complete snapshot stays. (Skipping this snapshot instead, and every later one, kept
+  // this rank's newest step where it was, and with it the step its node's keeper holds:
+  // one that is then never let go.) Only when that one is held too is it skipped.
+  const auto second_newest = [&]() -> Slot* {
+    return order.size() >= 2 ? reuse({order[order.size() - 2]}) : nullptr;
+  };
+  // A slot beyond the three in use is for the keeper's sake.
   const bool extra = slots_.size() >= static_cast<size_t>(kSlots);
-  if (extra && slots_.size() >= static_cast<size_t>(kMaxSlots)) return nullptr;
+  if (extra && slots_.size() >= static_cast<size_t>(kMaxSlots)) return second_newest();
   fs::create_directories(target);
   const std::string path = target + "/data.bin";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
@@ -295,7 +304,7 @@ Snapshotter::Slot* Snapshotter::claim(int64_t step, size_t bytes) {
   if (reserved != 0 || (base == MAP_FAILED && extra)) {
     if (base != MAP_FAILED) ::munmap(base, bytes);
     fs::remove_all(target);
-    if (extra) return nullptr;
+    if (extra) return second_newest();
     TRIREME_THROW(Error, "no room for a ", bytes >> 20, " MiB snapshot in ", dir_, " (", std::strerror(reserved),
                   "): free shared memory or set --snapshot-every 0");
   }

@@ -38,8 +38,11 @@
 // snapshot): making one costs page allocation on the training thread, and the keeper
 // holds one step nearly always and two while a round commits, so up to five per rank is
 // the steady state, as much as three plus the two copies a round used to make at its
-// peak. When there is no room for an extra slot (or all five are taken) take() skips that
-// snapshot, with one line on stderr, rather than failing the job.
+// peak. When there is no room for an extra slot (or all five are taken) the slot of the
+// snapshot before the newest serves (the newest complete one stays); when the keeper
+// holds that one too, take() skips the snapshot, with one line on stderr, rather than
+// failing the job. (Until 2026-12-07 it skipped at once, and a rank that skipped every
+// snapshot from then on held its node keeper's step, never let go.)
 // State on a CUDA device is copied on a side stream (ft/host_copy.h) into slots that are
 // page-locked once: take() queues the copies and returns without waiting for them, the
 // writer thread waits for them before its checksums, and the training loop calls
