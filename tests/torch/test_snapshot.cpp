@@ -60,6 +60,46 @@ ino_t inode(const std::string& path) {
   return st.st_ino;
 }
 
+// Snapshots of one changing tensor "w" into `area`, as a rank takes them, and holds on
+// their data files as the node keeper takes them (a shared flock: ft/snapshot.h, "Lent
+// slots"), let go at the end.
+struct LentSlots {
+  explicit LentSlots(const std::string& area) : area(area), snapshots(area, {"dp=1", 1, 1, 1, 0, 0}) {}
+  ~LentSlots() {
+    for (int fd : held) ::close(fd);
+  }
+  void take(int64_t s) {
+    weight.add_(1.0);
+    step.fill_(s);
+    taken.push_back(weight.clone());
+    snapshots.take(s, pieces_of(weight, step));
+    snapshots.wait();
+  }
+  void hold(int64_t s) {
+    const std::string path = area + "/" + std::to_string(s) + "/data.bin";
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << path;
+    ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+    held.push_back(fd);
+  }
+  void let_go() {
+    for (int fd : held) ::close(fd);
+    held.clear();
+  }
+  // Whether step s's snapshot is complete, verifies, and holds what take(s) saw.
+  bool intact(int64_t s) const {
+    const Checkpoint c = Checkpoint::open(area + "/" + std::to_string(s), /*verify_data=*/true);
+    return at::equal(c.read("w", {{0, 0}, {64, 33}}), taken[static_cast<size_t>(s - 1)]);
+  }
+
+  std::string area;
+  Snapshotter snapshots;
+  at::Tensor weight = at::randn({64, 33});
+  at::Tensor step = at::zeros({1}, at::kLong);
+  std::vector<at::Tensor> taken;  // by step - 1
+  std::vector<int> held;
+};
+
 }  // namespace
 
 TEST(Snapshotter, KeepsThreeNewestAndReusesTheirFiles) {
@@ -90,58 +130,36 @@ TEST(Snapshotter, KeepsThreeNewestAndReusesTheirFiles) {
 }
 
 TEST(Snapshotter, ASlotTheAgentHoldsIsNotReused) {
-  // The keeper holds a snapshot by a shared flock on its data file (ft/snapshot.h, "Lent
-  // slots"): later snapshots go to other slots, a new one where none is free, and the held
-  // one stays whole until it is let go. Five slots at most: past that a snapshot is
-  // skipped, not the job.
+  // The keeper holds a snapshot by a shared flock on its data file: later snapshots go to
+  // other slots, a new one where none is free, and the held one stays whole until it is
+  // let go. Five slots at most: past that the one before the newest serves, and when that
+  // is held too the snapshot is skipped, not the job.
   TempDir area;
-  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
-  at::Tensor weight = at::randn({64, 33});
-  at::Tensor step = at::zeros({1}, at::kLong);
-  std::vector<at::Tensor> taken;
-  const auto take = [&](int64_t s) {
-    weight.add_(1.0);
-    step.fill_(s);
-    taken.push_back(weight.clone());
-    snapshots.take(s, pieces_of(weight, step));
-    snapshots.wait();
-  };
-  std::vector<int> held;
-  const auto hold = [&](int64_t s) {
-    const std::string path = area.path + "/" + std::to_string(s) + "/data.bin";
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0) << path;
-    ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
-    held.push_back(fd);
-  };
-  const auto intact = [&](int64_t s) {
-    const Checkpoint c = Checkpoint::open(area.path + "/" + std::to_string(s), /*verify_data=*/true);
-    return at::equal(c.read("w", {{0, 0}, {64, 33}}), taken[static_cast<size_t>(s - 1)]);
-  };
-  for (int64_t s = 1; s <= 3; ++s) take(s);
+  LentSlots slots(area.path);
+  for (int64_t s = 1; s <= 3; ++s) slots.take(s);
   const ino_t first = inode(area.path + "/1/data.bin");
-  hold(1);
-  take(4);  // slot of step 1 held: a fourth slot
+  slots.hold(1);
+  slots.take(4);  // slot of step 1 held: a fourth slot
   EXPECT_NE(inode(area.path + "/4/data.bin"), first);
-  EXPECT_TRUE(intact(1));
-  take(5);  // the slot of step 2 is free
-  EXPECT_TRUE(intact(1));
+  EXPECT_TRUE(slots.intact(1));
+  slots.take(5);  // the slot of step 2 is free
+  EXPECT_TRUE(slots.intact(1));
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{5, 4, 3, 1}));
-  hold(3);
-  hold(4);
-  take(6);  // step 2's old slot (now 5) and the newest two are in use: a fifth
-  EXPECT_TRUE(intact(1));
-  EXPECT_TRUE(intact(3));
-  hold(5);
-  take(7);  // held: 1, 3, 4, 5; the newest two: 5, 6; no slot left and no sixth: skipped
-  taken.pop_back();
+  slots.hold(3);
+  slots.hold(4);
+  slots.take(6);  // step 2's old slot (now 5) and the newest two are in use: a fifth
+  EXPECT_TRUE(slots.intact(1));
+  EXPECT_TRUE(slots.intact(3));
+  slots.hold(5);
+  slots.take(7);  // held: 1, 3, 4, 5 (5, the one before the newest, too); no sixth: skipped
+  slots.taken.pop_back();
   EXPECT_FALSE(fs::exists(area.path + "/7"));
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{6, 5, 4, 3, 1}));
-  EXPECT_TRUE(intact(1));
-  for (int fd : held) ::close(fd);
-  take(7);  // let go: the oldest slot (step 1's) serves again, no new one
+  EXPECT_TRUE(slots.intact(1));
+  slots.let_go();
+  slots.take(7);  // let go: the oldest slot (step 1's) serves again, no new one
   EXPECT_EQ(inode(area.path + "/7/data.bin"), first);
-  EXPECT_TRUE(intact(7));
+  EXPECT_TRUE(slots.intact(7));
   EXPECT_FALSE(fs::exists(area.path + "/1"));
 }
 
@@ -150,37 +168,19 @@ TEST(Snapshotter, ASlotTheAgentHoldsIsNotReused) {
 // later one being skipped, which held the keeper's step for good.
 TEST(Snapshotter, WithNoSlotLeftTheOneBeforeTheNewestServes) {
   TempDir area;
-  Snapshotter snapshots(area.path, {"dp=1", 1, 1, 1, 0, 0});
-  at::Tensor weight = at::randn({16, 5});
-  at::Tensor step = at::zeros({1}, at::kLong);
-  std::vector<at::Tensor> taken;
-  const auto take = [&](int64_t s) {
-    weight.add_(1.0);
-    step.fill_(s);
-    taken.push_back(weight.clone());
-    snapshots.take(s, pieces_of(weight, step));
-    snapshots.wait();
-  };
-  std::vector<int> held;
-  const auto hold = [&](int64_t s) {
-    const int fd = ::open((area.path + "/" + std::to_string(s) + "/data.bin").c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
-    held.push_back(fd);
-  };
-  for (int64_t s = 1; s <= 3; ++s) take(s);
-  hold(1);
-  take(4);  // a fourth slot
-  hold(2);
-  take(5);  // a fifth
-  hold(3);
+  LentSlots slots(area.path);
+  for (int64_t s = 1; s <= 3; ++s) slots.take(s);
+  slots.hold(1);
+  slots.take(4);  // a fourth slot
+  slots.hold(2);
+  slots.take(5);  // a fifth
+  slots.hold(3);
   const ino_t fourth = inode(area.path + "/4/data.bin");
-  take(6);  // held: 1, 2, 3; no sixth: step 4's slot serves, step 5 stays
+  slots.take(6);  // held: 1, 2, 3; no sixth: step 4's slot serves, step 5 stays
   EXPECT_EQ(Snapshotter::complete_steps(area.path), (std::vector<int64_t>{6, 5, 3, 2, 1}));
   EXPECT_EQ(inode(area.path + "/6/data.bin"), fourth);
-  const Checkpoint c = Checkpoint::open(area.path + "/6", /*verify_data=*/true);
-  EXPECT_TRUE(at::equal(c.read("w", {{0, 0}, {16, 5}}), taken.back()));
-  for (int fd : held) ::close(fd);
+  EXPECT_TRUE(slots.intact(6));
+  EXPECT_TRUE(slots.intact(5));
 }
 
 TEST(Snapshotter, CrashBeforeCommitLeavesTheTwoBefore) {
