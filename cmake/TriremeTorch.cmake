@@ -38,6 +38,18 @@ foreach(lib torch_cpu c10)
   endif()
 endforeach()
 
+# The version built and tested against is the one scripts/install-deps pins; another 2.x
+# may build (the GPU machines' own torch, say) but is untested: said, not refused.
+if(EXISTS "${TRIREME_TORCH_DIR}/version.py")
+  file(STRINGS "${TRIREME_TORCH_DIR}/version.py" _trireme_torch_version REGEX "^__version__")
+  string(REGEX MATCH "[0-9]+\\.[0-9]+\\.[0-9]+" _trireme_torch_version "${_trireme_torch_version}")
+  if(NOT _trireme_torch_version STREQUAL "2.7.1")
+    message(WARNING "libtorch ${_trireme_torch_version} at ${TRIREME_TORCH_DIR}: Trireme is tested with 2.7.1 "
+                    "(scripts/install-deps); other versions are untested (2.11 is known to crash, "
+                    "docs/design-notes.md). To change it, delete build/ after installing the other one.")
+  endif()
+endif()
+
 add_library(trireme::torch INTERFACE IMPORTED)
 set_target_properties(trireme::torch PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES

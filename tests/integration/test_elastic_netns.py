@@ -16,6 +16,7 @@ with its workers, is killed at the end (its machine is gone as far as the job kn
 Needs root and `ip` (iproute2); skipped where network namespaces cannot be made. IPv4
 forwarding is turned on for the test and restored after it."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,13 +46,35 @@ def can_make_namespaces():
         return False
 
 
+def remove_stale_namespaces():
+    """The namespaces (and their processes and /etc/netns files) of a run of this test that
+    was killed before its cleanups (a ctest time-out's SIGKILL): trireme-PID-N, PID gone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in re.findall(r"^(trireme-(\d+)-\d+)\b", listed, re.M):
+        ns, pid = name[0], int(name[1])
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for p in pids:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
 @unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
 class PartitionedMachine(ElasticBase):
     def setUp(self):
         super().setUp()
+        remove_stale_namespaces()
         tag = os.getpid() % 10000
-        self.subnet = f"10.{100 + os.getpid() % 100}"
-        self.ns = [f"trireme-{tag}-{n}" for n in range(MACHINES)]
+        # Machine n is NET.n.2 behind the host's NET.n.1, NET.n a /24 of 198.18.0.0/15, the
+        # block set aside for network tests (a 10/8 one could shadow the host's own network).
+        base = os.getpid() // 2 % 80 * 3
+        self.addresses = [f"198.{18 + os.getpid() % 2}.{base + n}" for n in range(MACHINES)]
+        self.ns = [f"trireme-{os.getpid()}-{n}" for n in range(MACHINES)]
         self.host_links = [f"trh{tag}x{n}" for n in range(MACHINES)]
         with open("/proc/sys/net/ipv4/ip_forward") as f:
             self.forward = f.read().strip()
@@ -61,7 +84,7 @@ class PartitionedMachine(ElasticBase):
         # name server that does not answer, each lookup waits out the resolver (10 s). A
         # name server on the namespace's own loopback, where none listens, fails at once.
         # `ip netns exec` reads /etc/netns/NAME/{hosts,resolv.conf} in place of /etc's.
-        hosts = "".join(f"{self.subnet}.{n}.{end} trireme-test-{n}-{end}\n" for n in range(MACHINES)
+        hosts = "".join(f"{self.addresses[n]}.{end} trireme-test-{n}-{end}\n" for n in range(MACHINES)
                         for end in (1, 2))
         for n, (ns, link) in enumerate(zip(self.ns, self.host_links)):
             inner = f"trn{tag}x{n}"
@@ -73,12 +96,12 @@ class PartitionedMachine(ElasticBase):
             subprocess.run(["ip", "netns", "add", ns], check=True)
             ip("link", "add", link, "type", "veth", "peer", "name", inner)
             ip("link", "set", inner, "netns", ns)
-            ip("addr", "add", f"{self.subnet}.{n}.1/24", "dev", link)
+            ip("addr", "add", f"{self.addresses[n]}.1/24", "dev", link)
             ip("link", "set", link, "up")
-            ip("addr", "add", f"{self.subnet}.{n}.2/24", "dev", inner, ns=ns)
+            ip("addr", "add", f"{self.addresses[n]}.2/24", "dev", inner, ns=ns)
             ip("link", "set", inner, "up", ns=ns)
             ip("link", "set", "lo", "up", ns=ns)
-            ip("route", "add", "default", "via", f"{self.subnet}.{n}.1", ns=ns)
+            ip("route", "add", "default", "via", f"{self.addresses[n]}.1", ns=ns)
         with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
             f.write("1")
 
@@ -96,7 +119,7 @@ class PartitionedMachine(ElasticBase):
     def start_in(self, node, port, out, extra):
         """An agent in machine `node`'s namespace, reaching the store by its link's host end."""
         args = [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2:3", "--node-rank", str(node),
-                "--rdzv", f"{self.subnet}.{node}.1:{port}", "--rdzv-external", "--max-restarts", "4",
+                "--rdzv", f"{self.addresses[node]}.1:{port}", "--rdzv-external", "--max-restarts", "4",
                 "--node-timeout", str(NODE_TIMEOUT), "--snapshot-every", "1", "--snapshot-overhead", "0",
                 "--steps", str(self.steps), "--out", out, "--seed", "7"] + MODEL + list(extra)
         p = subprocess.Popen(["ip", "netns", "exec", self.ns[node]] + args, env=self.env,
