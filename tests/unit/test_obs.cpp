@@ -1,6 +1,7 @@
 // Metrics JSON, the progress line and timeline merging (obs/).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -275,7 +276,10 @@ TEST(Plot, WriteTextFileReportsAFailedRenameAndLeavesNoTemporary) {
   for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"ok.svg", "taken"}));
-  EXPECT_EQ(fs::status(dir / "ok.svg").permissions() & fs::perms::others_read, fs::perms::others_read);
+  // With the umask's permissions, as any new file (the test runs on one thread here).
+  const mode_t umask_now = ::umask(0);
+  ::umask(umask_now);
+  EXPECT_EQ(static_cast<mode_t>(fs::status(dir / "ok.svg").permissions()), 0666 & ~umask_now);
   fs::remove_all(dir);
 }
 

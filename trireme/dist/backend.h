@@ -40,7 +40,8 @@ struct GroupOptions {
   // binds the group to it, so that a barrier or a first collective with no tensor to go
   // by (a subgroup's, before any all-reduce) uses it, not c10d's guess of rank % GPUs,
   // which in a subgroup names another process's GPU. -1 leaves both to c10d; World
-  // (dist/world.h) makes it the process's local rank.
+  // (dist/world.h) makes it the process's local rank. Taken modulo the GPUs this process
+  // sees (one each: device 0).
   int cuda_device = -1;
   // Gloo only: where the job's rendezvous store is and whether the job spans machines, as
   // the launcher's environment said (WorldInfo; World sets both). Gloo binds this host's

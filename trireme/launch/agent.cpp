@@ -1,7 +1,7 @@
 // The node agent's protocol and supervision loop: see agent.h for the steps.
 //
-// One thread does everything but write the agent's output (launch::OutputWriter, one
-// thread per stream, so a slow reader cannot stall it): a poll() over the signal self-pipe and every worker's
+// One thread does everything but write the agent's output (launch::OutputWriter, a
+// thread of its own, so a slow reader cannot stall it): a poll() over the signal self-pipe and every worker's
 // stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
 // store's failure key. Each wake-up forwards at most one read per pipe, so a worker that
 // writes without pause does not hold the loop. Workers that ended are found after every
@@ -171,7 +171,8 @@ class Agent {
  public:
   Agent(const LaunchOptions& options, AgentChannel& channel, const StoreAddress& store,
         const AgentIo& io, SnapshotKeeper* keeper)
-      : options_(options), channel_(channel), store_(store), io_(io), out_(io.stdout_fd), err_(io.stderr_fd),
+      : options_(options), channel_(channel), store_(store), io_(io), out_(output_, io.stdout_fd),
+        err_(output_, io.stderr_fd),
         keeper_(keeper) {}
   ~Agent();
 
@@ -246,7 +247,8 @@ class Agent {
   AgentChannel& channel_;
   StoreAddress store_;
   AgentIo io_;
-  OutputWriter out_, err_;       // io_'s streams, written on threads of their own
+  OutputWriter output_;          // io_'s streams, written on a thread of its own
+  OutputStream out_, err_;
   GroupGuard guard_;             // kills the workers' process groups if this agent is killed
   std::vector<pid_t> left_behind_;  // workers of earlier generations that SIGKILL did not end
   SnapshotKeeper* keeper_;       // machine-level snapshot redundancy, or null
@@ -273,6 +275,7 @@ class Agent {
   bool old_rank_dirs_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int area_lock_fd_ = -1;     // holds a lock on snapshot_dir_ + ".lock" while this agent lives
+  std::thread sweeper_;       // removes dead agents' snapshot areas (make_snapshot_dir)
   int first_signal_ = 0;     // the first stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), 0 if none
   int signal_count_ = 0;     // all stopping signals received
   std::string first_failure_;  // the first worker that failed on its own
@@ -290,14 +293,16 @@ Agent::~Agent() {
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
       // Never block here: a worker stuck in the kernel is left to init to reap.
-      ::waitpid(w.pid, nullptr, WNOHANG);
+      if (::waitpid(w.pid, nullptr, WNOHANG) == w.pid) guard_.forget(w.pid);
     } else if (w.pid > 0) {
       ::waitpid(w.pid, nullptr, WNOHANG);  // it ended; reap() left it a zombie
+      guard_.forget(w.pid);
     }
     close_stream(w, 0);
     close_stream(w, 1);
   }
   remove_snapshot_dir();  // (again, after run() did: also when an exception ends it)
+  if (sweeper_.joinable()) sweeper_.join();
 }
 
 std::string Agent::worker_name(const Worker& w) const {
@@ -564,8 +569,13 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
   for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
   // A member that beats on but never checks in (its agent stuck) is waited for as long as
-  // the followers wait for the decision (--join-timeout), who give up then too.
-  const auto deadline = now + std::chrono::seconds(options_.join_timeout_s);
+  // the followers wait for the decision (--join-timeout), after the longest a member may
+  // take to stop its workers and flush its snapshots before it checks in: the workers'
+  // grace, SIGKILL's reap limit and, with a snapshot keeper, a leaver's flush.
+  const double stopping_s = options_.stop_grace_s + (keeper_ ? options_.preemption_grace_s : 0.0) +
+                            std::chrono::duration<double>(kKillReapLimit).count();
+  const auto deadline = now + std::chrono::seconds(options_.join_timeout_s) +
+                        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stopping_s));
   while (!waiting.empty()) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       const int id = *it;
@@ -596,9 +606,10 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
       return stopped_while_restarting(WaitEnd::kFailure);
     }
     if (Clock::now() >= deadline) {
-      const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) + " s waiting for node" +
-                                  (waiting.size() > 1 ? "s " : " ") + join_ids(waiting) + " to check in to restart " +
-                                  std::to_string(generation) + " (alive, but not stopping its workers)";
+      const std::string failure = "node" + std::string(waiting.size() > 1 ? "s " : " ") + join_ids(waiting) +
+                                  " did not check in to restart " + std::to_string(generation) + " within " +
+                                  seconds_text(stopping_s) + " s of stopping and --join-timeout " +
+                                  std::to_string(options_.join_timeout_s) + " s (alive, but not stopping its workers)";
       publish_failure(failure);
       return LaunchResult{1, failure};
     }
@@ -802,21 +813,26 @@ void Agent::make_snapshot_dir() {
       std::this_thread::sleep_for(milliseconds(10));
     }
   }
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
-    const std::string path = entry.path().string(), name = entry.path().filename().string();
-    if (name.rfind("trireme-", 0) != 0 || name.size() < 5 || name.compare(name.size() - 5, 5, ".lock") != 0 ||
-        path == lock_path)
-      continue;
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its agent is gone
-      std::error_code ignored;
-      std::filesystem::remove_all(path.substr(0, path.size() - 5), ignored);
-      ::unlink(path.c_str());
+  // On a thread of its own: removing a dead job's hundreds of GB takes longer than a
+  // heartbeat may wait.
+  if (sweeper_.joinable()) sweeper_.join();
+  sweeper_ = std::thread([base, lock_path] {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
+      const std::string path = entry.path().string(), name = entry.path().filename().string();
+      if (name.rfind("trireme-", 0) != 0 || name.size() < 5 || name.compare(name.size() - 5, 5, ".lock") != 0 ||
+          path == lock_path)
+        continue;
+      const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its agent is gone
+        std::error_code ignored;
+        std::filesystem::remove_all(path.substr(0, path.size() - 5), ignored);
+        ::unlink(path.c_str());
+      }
+      ::close(fd);
     }
-    ::close(fd);
-  }
+  });
 }
 
 void Agent::remove_snapshot_dir() {
@@ -1085,12 +1101,13 @@ void Agent::end_standby() {
     for (int s = 0; s < 2; ++s) forward(w, s, kDrainReads);
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
-      if (reap_within(w.pid, kKillReapLimit))
+      if (reap_within(w.pid, kKillReapLimit)) {
         guard_.forget(w.pid);
-      else
-        err_.write("trireme run: " + node() + ": standby worker " + std::to_string(w.pid) +
-                                     " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
-                                     " s of SIGKILL (stuck in the kernel?); left behind\n");
+      } else {
+        left_behind_.push_back(w.pid);  // reaped when it ends
+        err_.write("trireme run: " + node() + ": standby worker " + std::to_string(w.pid) + " did not end within " +
+                   std::to_string(kKillReapLimit.count() / 1000) + " s of SIGKILL (stuck in the kernel?); left behind\n");
+      }
     }
     for (int s = 0; s < 2; ++s) close_stream(w, s);
   }
@@ -1244,7 +1261,7 @@ void Agent::take_signals() {
 }
 
 void Agent::forward(Worker& w, int stream, int max_reads) {
-  OutputWriter& out = stream == 0 ? out_ : err_;
+  OutputStream& out = stream == 0 ? out_ : err_;
   char buffer[kReadSize];
   for (int reads = 0; w.fds[stream] >= 0 && reads < max_reads;) {
     const ssize_t n = ::read(w.fds[stream], buffer, sizeof(buffer));

@@ -2,9 +2,13 @@
 #include "trireme/launch/output.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <vector>
 
 namespace trireme::launch {
 
@@ -49,8 +53,7 @@ std::string LinePrefixer::finish() {
   return out;
 }
 
-OutputWriter::OutputWriter(int fd, std::size_t capacity)
-    : fd_(fd), capacity_(capacity), thread_([this] { run(); }) {}
+OutputWriter::OutputWriter(std::size_t capacity) : capacity_(capacity), thread_([this] { run(); }) {}
 
 OutputWriter::~OutputWriter() {
   {
@@ -61,50 +64,61 @@ OutputWriter::~OutputWriter() {
   thread_.join();
 }
 
-void OutputWriter::write(std::string text) {
+void OutputWriter::write(int fd, std::string text) {
   if (text.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (queued_bytes_ + text.size() > capacity_) {
-      dropped_bytes_ += text.size();
+      auto it = std::find_if(dropped_.begin(), dropped_.end(), [fd](const auto& d) { return d.first == fd; });
+      if (it == dropped_.end()) it = dropped_.insert(dropped_.end(), {fd, 0});
+      it->second += text.size();
     } else {
       queued_bytes_ += text.size();
-      queue_.push_back(std::move(text));
+      queue_.push_back({fd, std::move(text)});
     }
   }
   wake_.notify_one();
 }
 
 void OutputWriter::run() {
-  bool reader_gone = false;
+  // A reader that went away makes write() fail with EPIPE here rather than end the agent
+  // (whose own SIGPIPE setting may be the default again as it exits).
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+  std::vector<int> gone;  // descriptors whose reader went away
+  const auto is_gone = [&](int fd) { return std::find(gone.begin(), gone.end(), fd) != gone.end(); };
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    wake_.wait(lock, [&] { return closing_ || !queue_.empty() || (dropped_bytes_ > 0 && !reader_gone); });
-    if (queue_.empty() && dropped_bytes_ > 0 && !reader_gone) {  // caught up: say what was lost
-      queue_.push_back("trireme run: " + std::to_string(dropped_bytes_) +
-                       " bytes of output dropped: its reader did not keep up\n");
-      queued_bytes_ += queue_.back().size();
-      dropped_bytes_ = 0;
+    wake_.wait(lock, [&] { return closing_ || !queue_.empty() || !dropped_.empty(); });
+    if (queue_.empty() && !dropped_.empty()) {  // caught up: say what was lost
+      const auto [fd, bytes] = dropped_.front();
+      dropped_.pop_front();
+      if (is_gone(fd)) continue;
+      queue_.push_back({fd, "trireme run: " + std::to_string(bytes) + " bytes of output dropped: its reader did "
+                                                                         "not keep up\n"});
+      queued_bytes_ += queue_.back().text.size();
     }
     if (queue_.empty()) return;  // closing, and everything written
-    std::string text = std::move(queue_.front());
+    Item item = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    for (std::size_t done = 0; done < text.size() && !reader_gone;) {
-      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    for (std::size_t done = 0; done < item.text.size() && !is_gone(item.fd);) {
+      const ssize_t n = ::write(item.fd, item.text.data() + done, item.text.size() - done);
       if (n > 0) {
         done += static_cast<std::size_t>(n);
       } else if (n < 0 && errno == EAGAIN) {  // a non-blocking descriptor: wait for room
-        pollfd p{fd_, POLLOUT, 0};
+        pollfd p{item.fd, POLLOUT, 0};
         ::poll(&p, 1, -1);
       } else if (n < 0 && errno == EINTR) {
         continue;
       } else {
-        reader_gone = true;  // EPIPE, or closed: drop the output, keep supervising
+        gone.push_back(item.fd);  // EPIPE, or closed: drop its output, keep supervising
       }
     }
     lock.lock();
-    queued_bytes_ -= text.size();
+    queued_bytes_ -= item.text.size();
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 namespace trireme::launch {
 
@@ -41,33 +42,50 @@ class LinePrefixer {
   bool after_cr_ = false;  // the last terminator passed on was '\r'
 };
 
-// Writes to a file descriptor (blocking or not) in order, on its own thread. At most
-// `capacity` bytes wait for the reader; text beyond that is dropped and counted, and the
-// count is written ("trireme run: N bytes of output dropped ...") once the reader has
-// caught up. A reader that went away (EPIPE) drops everything after it, silently.
+// Writes text to file descriptors (blocking or not), in the order given, on one thread of
+// its own: one thread, so that stdout and stderr on one pipe (`2>&1 | tee`) interleave
+// only at whole writes, in order, never inside a line. At most `capacity` bytes wait for
+// the reader; text beyond that is dropped and counted, and the count is written to its
+// descriptor ("trireme run: N bytes of output dropped ...") once the reader has caught
+// up. A reader that went away (EPIPE, with SIGPIPE blocked on the thread) drops
+// everything after it, silently.
 class OutputWriter {
  public:
-  explicit OutputWriter(int fd, std::size_t capacity = std::size_t{8} << 20);
+  explicit OutputWriter(std::size_t capacity = std::size_t{8} << 20);
   // Writes what waits (blocking: the job is over, nothing else needs the agent), then ends.
   ~OutputWriter();
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
 
   // Never blocks on the reader.
-  void write(std::string text);
+  void write(int fd, std::string text);
 
  private:
+  struct Item {
+    int fd;
+    std::string text;
+  };
   void run();
 
-  const int fd_;
   const std::size_t capacity_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::string> queue_;
+  std::deque<Item> queue_;
   std::size_t queued_bytes_ = 0;
-  std::size_t dropped_bytes_ = 0;
+  std::deque<std::pair<int, std::size_t>> dropped_;  // bytes dropped, by descriptor
   bool closing_ = false;
   std::thread thread_;  // last: started once the rest is ready
+};
+
+// One descriptor of an OutputWriter: the agent's stdout or stderr.
+class OutputStream {
+ public:
+  OutputStream(OutputWriter& writer, int fd) : writer_(writer), fd_(fd) {}
+  void write(std::string text) { writer_.write(fd_, std::move(text)); }
+
+ private:
+  OutputWriter& writer_;
+  int fd_;
 };
 
 }  // namespace trireme::launch

@@ -2,6 +2,7 @@
 #include "trireme/obs/plot.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -94,8 +95,10 @@ void write_text_file(const std::string& path, const std::string& text, const std
   // has another), flushed to the disk and renamed over it, and the rename made durable:
   // a crash or a power loss leaves the old file or the new one, never half of one that a
   // later command trips over.
-  std::string temporary = path + ".XXXXXX";
-  const int fd = ::mkstemp(temporary.data());
+  // (Named by process and call, created with the umask's permissions as any new file.)
+  static std::atomic<uint64_t> calls{0};
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(calls++);
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   TRIREME_CHECK(fd >= 0, "cannot write ", path, " (", std::strerror(errno), "); ", fix);
   auto fail = [&](const char* what, int error) {
     ::close(fd);
@@ -108,7 +111,7 @@ void write_text_file(const std::string& path, const std::string& text, const std
     if (n < 0) fail("failed writing ", errno);
     done += static_cast<size_t>(n);
   }
-  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) fail("failed writing ", errno);
+  if (::fsync(fd) != 0) fail("failed writing ", errno);
   if (::close(fd) != 0) {
     const int error = errno;
     ::unlink(temporary.c_str());

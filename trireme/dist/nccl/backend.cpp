@@ -15,7 +15,10 @@ extern "C" __attribute__((visibility("default"))) trireme::dist::Group trireme_c
   try {
     if (options.cuda_device < 0)
       return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
-    const auto index = static_cast<c10::DeviceIndex>(options.cuda_device);
+    // (One GPU visible per process, as under Slurm's --gpus-per-task or a per-process
+    // CUDA_VISIBLE_DEVICES: local rank n is that one, device 0.)
+    const int count = c10::cuda::device_count();
+    const auto index = static_cast<c10::DeviceIndex>(count > 0 ? options.cuda_device % count : options.cuda_device);
     c10::cuda::set_device(index);
     auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
     group->setBoundDeviceId(at::Device(at::kCUDA, index));
