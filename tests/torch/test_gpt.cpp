@@ -78,6 +78,29 @@ TEST(GptTest, SeedAloneDeterminesParameters) {
   EXPECT_TRUE(any_differs);
 }
 
+// gpt.h's promise: a TP=t model is the TP=1 model of the same seed, slice for slice (each
+// parameter drawn whole, then this rank's shard kept). No group is needed to build one.
+TEST(GptTest, ATensorParallelModelIsTheWholeModelSliceForSlice) {
+  Gpt whole(tiny(), 7);
+  const auto full = whole->named_parameters();
+  for (int rank = 0; rank < 2; ++rank) {
+    trireme::tensor::TensorParallel tp;
+    tp.rank = rank;
+    tp.size = 2;
+    Gpt part(tiny(), 7, tp);
+    const auto& specs = part->shard_specs();
+    size_t split = 0;
+    for (const auto& item : part->named_parameters()) {
+      const trireme::tensor::ShardSpec& spec = specs.at(item.key());
+      const at::Tensor want = trireme::tensor::shard_of(full[item.key()], spec, rank, 2);
+      ASSERT_EQ(item.value().sizes(), want.sizes()) << item.key();
+      EXPECT_TRUE(at::equal(item.value(), want)) << "rank " << rank << " " << item.key();
+      if (!spec.replicated()) ++split;
+    }
+    EXPECT_GT(split, 0u);  // (the test would say nothing of a model that split nothing)
+  }
+}
+
 // Building a model, initialised or not, draws nothing from the global generator (which
 // dropout uses): before, wpe's own initialisation drew seq_len*dim numbers from it.
 TEST(GptTest, BuildingAModelLeavesTheGlobalGeneratorAlone) {
