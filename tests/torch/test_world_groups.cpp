@@ -15,6 +15,7 @@
 
 #include "ranks.h"
 #include "trireme/common/error.h"
+#include "trireme/dist/mesh.h"
 #include "trireme/dist/world.h"
 
 namespace {
@@ -88,6 +89,19 @@ TEST(WorldGroups, BadMemberListsAreRefused) {
   refused({0, 1}, "rank 1 is not in this world of 1 ranks");
   refused({-1, 0}, "rank -1 is not in this world");
   refused({}, "rank 0 is not a member of group 't' []");
+}
+
+// A layout of another size than the job is refused before any group is made (every
+// rank would otherwise wait for members that do not exist).
+TEST(WorldGroups, AMeshOfAnotherSizeIsRefused) {
+  const auto server = host_store();
+  World world = client(*server, 0, 1);
+  try {
+    world.mesh_groups(trireme::dist::Mesh::from_sizes(2, 1, 1));
+    ADD_FAILURE() << "a mesh of 2 ranks was accepted in a world of 1";
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 2 ranks but the job has 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(WorldGroups, AStoreThatIsGoneIsACommError) {
