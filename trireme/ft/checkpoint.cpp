@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "trireme/common/error.h"
+#include "trireme/common/file_io.h"
 #include "trireme/ft/checksum.h"
 
 namespace trireme::ft {
@@ -51,18 +52,9 @@ at::ScalarType dtype_of(const std::string& name, const std::string& where) {
 void write_durably(const std::string& path, const std::vector<std::pair<const char*, size_t>>& buffers) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   TRIREME_CHECK(fd >= 0, "cannot create ", path, ": ", std::strerror(errno));
-  for (const auto& [data, size] : buffers) {
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::write(fd, data + done, size - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        TRIREME_THROW(Error, "writing ", path, " failed: ", why);
-      }
-      done += static_cast<size_t>(n);
-    }
+  if (const int error = write_all(fd, buffers)) {
+    ::close(fd);
+    TRIREME_THROW(Error, "writing ", path, " failed: ", std::strerror(error));
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
@@ -71,14 +63,6 @@ void write_durably(const std::string& path, const std::vector<std::pair<const ch
 
 void write_durably(const std::string& path, const std::string& text) {
   write_durably(path, {{text.data(), text.size()}});
-}
-
-void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 std::vector<int64_t> ints(const json& j, const std::string& where, const char* field) {

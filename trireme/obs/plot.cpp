@@ -11,10 +11,10 @@
 #include <sstream>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trireme/common/error.h"
+#include "trireme/common/file_io.h"
 #include "trireme/obs/json.h"
 
 namespace trireme::obs {
@@ -100,33 +100,20 @@ void write_text_file(const std::string& path, const std::string& text, const std
   const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(calls++);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   TRIREME_CHECK(fd >= 0, "cannot write ", path, " (", std::strerror(errno), "); ", fix);
-  auto fail = [&](const char* what, int error) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    TRIREME_THROW(InvalidArgument, what, path, " (", std::strerror(error), "); ", fix);
-  };
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("failed writing ", errno);
-    done += static_cast<size_t>(n);
+  const char* failed = "failed writing ";  // what went wrong, when `error` says it did
+  int error = write_all(fd, {{text.data(), text.size()}});
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && ::rename(temporary.c_str(), path.c_str()) != 0) {
+    error = errno;
+    failed = "cannot replace ";
   }
-  if (::fsync(fd) != 0) fail("failed writing ", errno);
-  if (::close(fd) != 0) {
-    const int error = errno;
+  if (error != 0) {
     ::unlink(temporary.c_str());
-    TRIREME_THROW(InvalidArgument, "failed writing ", path, " (", std::strerror(error), "); ", fix);
-  }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    TRIREME_THROW(InvalidArgument, "cannot replace ", path, " (", std::strerror(error), "); ", fix);
+    TRIREME_THROW(InvalidArgument, failed, path, " (", std::strerror(error), "); ", fix);
   }
   const std::string folder = std::filesystem::path(path).parent_path().string();
-  if (const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY); dir >= 0) {
-    ::fsync(dir);  // the rename itself (best effort: some file systems refuse a folder's fsync)
-    ::close(dir);
-  }
+  sync_directory(folder.empty() ? "." : folder);
 }
 
 }  // namespace trireme::obs
