@@ -1,13 +1,13 @@
 // The node agent's protocol and supervision loop: see agent.h for the steps.
 //
 // One thread does everything but write the agent's output (launch::OutputWriter, a
-// thread of its own, so a slow reader cannot stall it): a poll() over the signal self-pipe and every worker's
-// stdout/stderr pipe, with a timeout that brings it back every 200 ms to look at the
-// store's failure key. Each wake-up forwards at most one read per pipe, so a worker that
-// writes without pause does not hold the loop. Workers that ended are found after every
-// wake-up (SIGCHLD wakes the poll; child_ended, which leaves them zombies until their
-// process group has been signalled: see stop_workers), and an ended worker's pipes are
-// drained before they close, so no output it wrote is lost.
+// thread of its own, so a slow reader cannot stall it): a poll() over the signal
+// self-pipe and every worker's stdout/stderr pipe, with a timeout that brings it back
+// every 200 ms to look at the store's failure key. Each wake-up forwards at most one read
+// per pipe, so a worker that writes without pause does not hold the loop. Workers that
+// ended are found after every wake-up (SIGCHLD wakes the poll; child_ended, which leaves
+// them zombies until their process group has been signalled: see stop_workers), and an
+// ended worker's pipes are drained before they close, so no output it wrote is lost.
 #include "trireme/launch/agent.h"
 
 #include <fcntl.h>
@@ -193,6 +193,7 @@ class Agent {
   std::optional<Event> spawn_workers(int restart);
   void spawn_standby(int generation);
   void end_standby();
+  void leave_behind(pid_t pid, const std::string& who, const std::string& then);
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
   std::optional<LaunchResult> decide_members(int generation, const std::vector<int>& lost_leaders = {});
   std::optional<LaunchResult> await_members(int generation);
@@ -467,19 +468,14 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   const auto ready = std::count_if(standby_.begin(), standby_.end(),
                                    [&](const Worker& w) { return w.running && w.generation == generation; });
   err_.write("trireme run: " + cause.what + "; restarting the workers (restart " +
-                               std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")" +
-                               (ready ? ", " + std::to_string(ready) + " from standby" : std::string()) + "\n");
+             std::to_string(generation) + " of " + std::to_string(options_.max_restarts) + ")" +
+             (ready ? ", " + std::to_string(ready) + " from standby" : std::string()) + "\n");
   for (auto& w : workers_) {
     close_stream(w, 0);
     close_stream(w, 1);
-    // One that SIGKILL did not end (stuck in the kernel) starts beside the next generation:
-    // said once, and reaped when it ends (its group stays with the guard).
-    if (w.running) {
-      err_.write("trireme run: " + worker_name(w) + " (pid " + std::to_string(w.pid) + ") did not end within " +
-                 std::to_string(kKillReapLimit.count() / 1000) +
-                 " s of SIGKILL (stuck in the kernel?); the restart goes on beside it\n");
-      left_behind_.push_back(w.pid);
-    }
+    // One that SIGKILL did not end (stuck in the kernel) starts beside the next generation.
+    if (w.running)
+      leave_behind(w.pid, worker_name(w) + " (pid " + std::to_string(w.pid) + ")", "the restart goes on beside it");
   }
   workers_.clear();
   first_failure_.clear();
@@ -541,9 +537,9 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
       if (id >= 0 && id != options_.node_rank && !contains(lost_leaders, id)) lost_leaders.push_back(id);
     }
     err_.write("trireme run: " +
-                                 (named ? "node " + *named + ", leading restart " + std::to_string(generation) + ","
-                                        : "the agent leading restart " + std::to_string(generation)) +
-                                 " went silent; " + node() + " decides the membership instead\n");
+               (named ? "node " + *named + ", leading restart " + std::to_string(generation) + ","
+                      : "the agent leading restart " + std::to_string(generation)) +
+               " went silent; " + node() + " decides the membership instead\n");
     if (auto refused = decide_members(generation, lost_leaders)) return refused;
   }
 }
@@ -751,7 +747,7 @@ std::optional<LaunchResult> Agent::await_recovery(int generation) {
 // the others), and go.
 LaunchResult Agent::leave(const Event& event) {
   err_.write("trireme run: " + node() + " received " + signal_name(event.signal) +
-                               " (preemption notice): stopping its workers and leaving the job\n");
+             " (preemption notice): stopping its workers and leaving the job\n");
   int64_t its = 0;
   try {
     its = incarnation(options_.node_rank);
@@ -768,7 +764,7 @@ LaunchResult Agent::leave(const Event& event) {
     bool flushed = false;
     while_pumping([&] { flushed = keeper_->flush(std::max(0.0, left_s)); });
     if (!flushed) err_.write("trireme run: " + node() + ": its last snapshot step could not be "
-                                               "protected within --grace-seconds; the others resume from an older one\n");
+                             "protected within --grace-seconds; the others resume from an older one\n");
     while_pumping([&] { keeper_->stop(); });
   }
   try {
@@ -1011,7 +1007,7 @@ std::optional<LaunchResult> Agent::join_running() {
       if (auto refused = await_recovery(generation)) return refused;
       if (lost_at_barrier_) return std::nullopt;  // a member: run() restarts without the lost one
       err_.write("trireme run: " + node() + " joined the job at restart " + std::to_string(generation) +
-                                   " (nodes " + join_ids(members) + ")\n");
+                 " (nodes " + join_ids(members) + ")\n");
       return std::nullopt;
     }
     ++generation;
@@ -1101,13 +1097,10 @@ void Agent::end_standby() {
     for (int s = 0; s < 2; ++s) forward(w, s, kDrainReads);
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
-      if (reap_within(w.pid, kKillReapLimit)) {
+      if (reap_within(w.pid, kKillReapLimit))
         guard_.forget(w.pid);
-      } else {
-        left_behind_.push_back(w.pid);  // reaped when it ends
-        err_.write("trireme run: " + node() + ": standby worker " + std::to_string(w.pid) + " did not end within " +
-                   std::to_string(kKillReapLimit.count() / 1000) + " s of SIGKILL (stuck in the kernel?); left behind\n");
-      }
+      else
+        leave_behind(w.pid, node() + ": standby worker " + std::to_string(w.pid), "left behind");
     }
     for (int s = 0; s < 2; ++s) close_stream(w, s);
   }
@@ -1285,6 +1278,15 @@ void Agent::close_stream(Worker& w, int stream) {
   w.fds[stream] = -1;
 }
 
+// A worker (`who`) that SIGKILL did not end within kKillReapLimit (stuck in the kernel):
+// said once, with what follows, and reaped by reap() when it ends (its group stays with
+// the guard until then).
+void Agent::leave_behind(pid_t pid, const std::string& who, const std::string& then) {
+  err_.write("trireme run: " + who + " did not end within " + std::to_string(kKillReapLimit.count() / 1000) +
+             " s of SIGKILL (stuck in the kernel?); " + then + "\n");
+  left_behind_.push_back(pid);
+}
+
 void Agent::reap() {
   for (auto it = left_behind_.begin(); it != left_behind_.end();) {
     const pid_t ended = ::waitpid(*it, nullptr, WNOHANG);
@@ -1305,8 +1307,8 @@ void Agent::reap() {
       close_stream(w, s);
     }
     err_.write("trireme run: the standby worker for rank " + std::to_string(w.rank) + " " +
-                                 describe_wait_status(status) +
-                                 " before it was needed; a restart will start a new worker\n");
+               describe_wait_status(status) +
+               " before it was needed; a restart will start a new worker\n");
   }
   for (auto& w : workers_) {
     if (!w.running) continue;
