@@ -114,6 +114,7 @@ void check_host_memory(const TrainOptions& opt, int local_processes) {
   const double memory = static_cast<double>(pages) * static_cast<double>(page_bytes);
   const double parameters = static_cast<double>(opt.model.num_parameters());
   const double needed = parameters / opt.tp * 4.0 * local_processes;
+  if (needed <= memory) return;
   char line[320];
   std::snprintf(line, sizeof(line),
                 "the model has %.3g parameters: its float32 weights%s take %.3g GiB in each of the %d processes "
@@ -122,7 +123,7 @@ void check_host_memory(const TrainOptions& opt, int local_processes) {
                 parameters, opt.tp > 1 ? " (a --tp share)" : "", parameters / opt.tp * 4.0 / (1 << 30),
                 local_processes, needed / (1 << 30), memory / (1 << 30),
                 local_processes > 1 ? ", fewer --nproc-per-node or a larger --tp" : " or a larger --tp");
-  TRIREME_CHECK(needed <= memory, line);
+  TRIREME_THROW(InvalidArgument, line);
 }
 
 // Node 0, as it founds the job (LaunchOptions::before_founding: a node joining a running

@@ -822,15 +822,15 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
     if (someone_lacks) {
       c10d::BroadcastOptions root;
       root.rootRank = static_cast<int>(donor);
+      // Through contiguous tensors (NCCL refuses others), copied back where they are not
+      // the parameter's or the moments' own.
+      const auto broadcast_into = [&](const at::Tensor& target) {
+        std::vector<at::Tensor> one{target.contiguous()};
+        dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
+        if (one[0].data_ptr() != target.data_ptr()) target.copy_(one[0]);
+      };
       for (size_t p = 0; p < s.parameters.size(); ++p) {
         const at::Tensor& param = s.parameters[p].second;
-        // Through contiguous tensors (NCCL refuses others), copied back where they are not
-        // the parameter's or the moments' own.
-        const auto broadcast_into = [&](const at::Tensor& target) {
-          std::vector<at::Tensor> one{target.contiguous()};
-          dist::run_collective("state broadcast", [&] { return dp_group->broadcast(one, root); });
-          if (one[0].data_ptr() != target.data_ptr()) target.copy_(one[0]);
-        };
         std::vector<at::Tensor> step{at::full({1}, states[p].step, at::kLong).to(param.device())};
         broadcast_into(param.detach());
         dist::run_collective("state broadcast", [&] { return dp_group->broadcast(step, root); });
