@@ -66,3 +66,23 @@ TEST(Mesh, RejectsBadInput) {
   // A product past int's range is refused, not wrapped (65536^2 wrapped to 0).
   EXPECT_THROW(Mesh({{"a", 65536}, {"b", 65536}}), trireme::InvalidArgument);
 }
+
+TEST(Mesh, GroupKeyNamesAreTheListUpTo64CharactersThenCountAndHash) {
+  EXPECT_EQ(trireme::dist::group_key_name({0, 2, 4}), "0,2,4");
+  std::vector<int> ranks;
+  for (int r = 0; r < 32; ++r) ranks.push_back(r);  // "0,1,...,31": 83 characters
+  const std::string long_name = trireme::dist::group_key_name(ranks);
+  EXPECT_EQ(long_name.rfind("32#", 0), 0u) << long_name;
+  EXPECT_EQ(long_name.size(), 3u + 16u) << long_name;
+  EXPECT_EQ(long_name.find_first_not_of("0123456789abcdef", 3), std::string::npos) << long_name;
+  // Another list of the same size, and the same list again, name other and the same groups.
+  std::vector<int> other = ranks;
+  std::swap(other[30], other[31]);
+  EXPECT_NE(trireme::dist::group_key_name(other), long_name);
+  EXPECT_EQ(trireme::dist::group_key_name(ranks), long_name);
+  // A name never holds '/', which separates the tag in the store keys.
+  ranks.resize(8192);
+  for (int r = 0; r < 8192; ++r) ranks[r] = r;
+  EXPECT_LE(trireme::dist::group_key_name(ranks).size(), 64u);
+  EXPECT_EQ(trireme::dist::group_key_name(ranks).find('/'), std::string::npos);
+}

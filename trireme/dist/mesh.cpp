@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -111,6 +112,17 @@ std::string Mesh::describe() const {
   }
   out << " (" << order << ")";
   return out.str();
+}
+
+std::string group_key_name(const std::vector<int>& ranks) {
+  std::string members;
+  for (size_t i = 0; i < ranks.size(); ++i) members += (i ? "," : "") + std::to_string(ranks[i]);
+  if (members.size() <= 64) return members;
+  uint64_t hash = 14695981039346656037ull;
+  for (const char c : members) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  char text[48];
+  std::snprintf(text, sizeof(text), "%zu#%016llx", ranks.size(), static_cast<unsigned long long>(hash));
+  return text;
 }
 
 }  // namespace trireme::dist

@@ -73,4 +73,9 @@ class Mesh {
   int world_size_ = 1;
 };
 
+// A group's members as a name for its store keys: "0,2,4" while the list is at most 64
+// characters, else "N#H", the member count and a 64-bit FNV-1a hash of the list (every key
+// of a group's setup carries the name; a group of 8192 ranks would put 45 kB on each).
+std::string group_key_name(const std::vector<int>& ranks);
+
 }  // namespace trireme::dist

@@ -179,17 +179,6 @@ std::string join(const std::vector<int>& ranks) {
   return out.str();
 }
 
-// A group's members as a name for its store keys: the list itself up to 64 characters,
-// else "N#H", the member count and a 64-bit FNV-1a hash of the list.
-std::string short_name(const std::string& members, size_t count) {
-  if (members.size() <= 64) return members;
-  uint64_t hash = 14695981039346656037ull;
-  for (const char c : members) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  char text[48];
-  std::snprintf(text, sizeof(text), "%zu#%016llx", count, static_cast<unsigned long long>(hash));
-  return text;
-}
-
 // Runs one store operation on `key`; c10d's errors (DistNetworkError, DistStoreError, a
 // time-out) become a CommError naming the operation and the key.
 template <typename Fn>
@@ -270,9 +259,8 @@ Group World::new_group(const std::vector<int>& ranks, const std::string& tag) {
   // apart. It counts only such groups, which every member creates in the same order, so
   // the members agree on it whichever other groups each of them created. (Members and count
   // hold no '/', so the tag, last, cannot make two keys alike.) A long member list is
-  // named by its size and a 64-bit hash instead: every key of the group's setup carries
-  // the name, and a group of 8192 ranks would otherwise put 45 kB on each.
-  const std::string members = short_name(join(ranks), ranks.size());
+  // named by its size and a hash (group_key_name).
+  const std::string members = group_key_name(ranks);
   const int64_t index = groups_created_[members + "/" + tag]++;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
       "group/" + members + "/" + std::to_string(index) + "/" + tag, store_);
