@@ -11,6 +11,8 @@ processes, real kill -9):
   recovery uses the previous complete snapshot, still bitwise equal at the end; and a
   committed snapshot whose data is damaged (a flipped byte, TRIREME_TEST_DAMAGE_SNAPSHOT)
   is skipped for the one before it;
+- the leader lost between a step's snapshot and its line in metrics.jsonl
+  (TRIREME_TEST_KILL_BEFORE_RECORD): the line is not lost;
 - a worker lost after the last step (TRIREME_TEST_KILL_AFTER_TRAINING): the restart
   resumes at --steps, trains nothing, and writes the run's files and parameters;
 - a worker that hangs (stops without exiting) is detected by its stalled heartbeat
@@ -240,6 +242,18 @@ class Recovery(SnapshotAreaTest):
         out = os.path.join(self.dir, "killed")
         for name in ("loss.svg", "trace.json", "timeline.svg", "run.json"):
             self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+
+    def test_the_leader_lost_before_a_steps_line_leaves_no_line_missing(self):
+        # The leader is killed after its snapshot of step 7 was taken, before step 7's line
+        # was written, once the other rank has committed step 7 and its own writer waits to
+        # (TRIREME_TEST_KILL_BEFORE_RECORD). Its snapshot of 7 must not commit before the
+        # line: the job resumes at step 6 and writes step 7's line (check(): every step's
+        # line once, the losses and parameters of the uninterrupted run). Before, the
+        # writer committed step 7 first and the resumed job started after it, its line
+        # missing.
+        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=0,
+                            env={"TRIREME_TEST_KILL_BEFORE_RECORD": "7"})
+        self.assertIn("resumed at step 6 from memory snapshots", stderr)
 
     def test_hung_worker_is_killed_and_restarted(self):
         # Rank 1 stops after step 6 without exiting (TRIREME_TEST_HANG_AT); its heartbeat

@@ -14,10 +14,12 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -301,14 +303,15 @@ std::string run_json(const TrainOptions& opt, const dist::Mesh& mesh, int64_t fi
 constexpr int64_t kMaxSnapshotInterval = 1024;
 
 // Waits (up to 30 s) until every rank of this node (the rank directories beside
-// `snapshot_dir`) has committed its snapshot of `step`: the other ranks' idle-priority
+// `snapshot_dir`, but `but`) has committed its snapshot of `step`: the other ranks' idle-priority
 // writers may lag, and the test seams below expect that step whole everywhere.
-void await_snapshot_on_node(const std::string& snapshot_dir, int64_t step) {
+void await_snapshot_on_node(const std::string& snapshot_dir, int64_t step, const std::string& but = "") {
   namespace fs = std::filesystem;
   const auto committed_everywhere = [&] {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(fs::path(snapshot_dir).parent_path(), ec)) {
       if (entry.path().filename().string().rfind("rank-", 0) != 0) continue;
+      if (!but.empty() && fs::equivalent(entry.path(), but, ec)) continue;
       const auto steps = ft::Snapshotter::complete_steps(entry.path().string());
       if (std::find(steps.begin(), steps.end(), step) == steps.end()) return false;
     }
@@ -317,6 +320,66 @@ void await_snapshot_on_node(const std::string& snapshot_dir, int64_t step) {
   const double deadline = obs::now_us() + 30e6;
   while (!committed_everywhere() && obs::now_us() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+// The leader's line of a step comes before its state's commit. The leader writes step S's
+// line in metrics.jsonl after S's snapshot (or checkpoint) is taken, so that the line says
+// what the snapshot held the step; a leader killed after the writer thread committed S but
+// before the line was written would have the job resume after S with S's line missing. So
+// the leader's writers wait, just before they commit S, until S's line is written (the
+// training thread writes it microseconds after the take; the commit is the writer's, off
+// the step). A leader killed in between leaves S uncommitted: the job resumes from the
+// step before, and S is trained, and its line written, again.
+class RecordGate {
+ public:
+  // On a writer thread, before committing `step`.
+  void before_commit(int64_t step) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    held_ = step;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return open_ || written_ >= step; });
+    held_ = -1;
+  }
+  void written(int64_t step) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      written_ = step;
+    }
+    changed_.notify_all();
+  }
+  // For good: the training thread leaves (an exception, the end), and the writers' drains
+  // must not wait for lines that will not come.
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+    }
+    changed_.notify_all();
+  }
+  // (Test seam.) Waits until a writer waits here to commit `step`.
+  void await_held(int64_t step) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return held_ == step; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int64_t written_ = -1, held_ = -1;
+  bool open_ = false;
+};
+
+// Test seam: TRIREME_TEST_KILL_BEFORE_RECORD=STEP makes the leader of the first generation
+// SIGKILL itself after its snapshot of STEP is taken and before STEP's line is written, once
+// the other ranks of the node have committed STEP and its own writer is ready to (waits at
+// the RecordGate). The restart must resume at STEP-1 and write STEP's line.
+void kill_before_record_seam(bool leader, int restart, const std::string& snapshot_dir, int64_t steps_done,
+                             RecordGate& gate) {
+  const char* spec = std::getenv("TRIREME_TEST_KILL_BEFORE_RECORD");
+  if (!spec || !leader || restart > 0 || snapshot_dir.empty() || std::atoll(spec) != steps_done) return;
+  gate.await_held(steps_done);
+  await_snapshot_on_node(snapshot_dir, steps_done, /*but=*/snapshot_dir);
+  std::raise(SIGKILL);
 }
 
 // Test seam (STYLE 8): TRIREME_TEST_KILL_IN_SNAPSHOT="RANK:STEP" makes that rank kill
@@ -616,15 +679,29 @@ int train_worker_main(const std::vector<std::string>& args) {
   int64_t last_snapshot = first_step;  // the newest step snapshotted (or resumed from)
   const int64_t damage_at = damage_snapshot_step(rank, restart);
   // Disk checkpoints are written in the background too, committed through the store.
+  RecordGate record_gate;  // the leader's writers commit a step once its line is written
+  std::function<void(int64_t)> gate;
+  if (leader) gate = [&record_gate](int64_t step) { record_gate.before_commit(step); };
   std::unique_ptr<ft::BackgroundWriter> checkpointer;
   if (opt.checkpoint_every > 0)
-    checkpointer = ft::checkpoint_writer(train_state, opt.checkpoint_dir, static_cast<int>(opt.keep_checkpoints));
+    checkpointer =
+        ft::checkpoint_writer(train_state, opt.checkpoint_dir, static_cast<int>(opt.keep_checkpoints), gate);
   std::unique_ptr<ft::Snapshotter> snapshotter;
   ft::CheckpointLayout snapshot_layout = train_state.layout;
   snapshot_layout.rank = rank;  // a snapshot holds this rank's own state
-  if (snapshot_every > 0)
-    snapshotter = std::make_unique<ft::Snapshotter>(
-        snapshot_dir, snapshot_layout, kill_in_snapshot_seam(rank, restart, snapshot_dir));
+  if (snapshot_every > 0) {
+    auto seam = kill_in_snapshot_seam(rank, restart, snapshot_dir);
+    snapshotter = std::make_unique<ft::Snapshotter>(snapshot_dir, snapshot_layout, [seam, gate](int64_t step) {
+      if (seam) seam(step);
+      if (gate) gate(step);
+    });
+  }
+  // Opens the gate before the writers' destructors wait for their commits, however this
+  // function ends (declared after them, so destroyed first).
+  struct GateOpener {
+    RecordGate& gate;
+    ~GateOpener() { gate.open(); }
+  } const open_gate_at_exit{record_gate};
   const optim::LrSchedule schedule{opt.lr, opt.min_lr, opt.warmup, opt.steps};
 
   std::filesystem::create_directories(opt.out);
@@ -791,7 +868,9 @@ int train_worker_main(const std::vector<std::string>& args) {
         record.add("recovery_ms", recovery.total_ms(now)).add_raw("recovery_phases_ms", recovery.phases_json(now));
         if (!opt.quiet) std::fprintf(stderr, "gpt: restart %d: %s\n", restart, recovery.describe(now).c_str());
       }
+      kill_before_record_seam(leader, restart, snapshot_dir, step + 1, record_gate);
       metrics->write(record);
+      record_gate.written(step + 1);
       if (!opt.quiet)
         progress.update({step + 1, opt.steps, loss, tokens_per_s, elapsed_s / (step + 1 - first_step)});
     }

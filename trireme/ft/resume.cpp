@@ -543,12 +543,14 @@ double save_checkpoint_async(const TrainingState& s, BackgroundWriter& writer, i
   return obs::now_us() - start;
 }
 
-std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, const std::string& root, int keep) {
+std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, const std::string& root, int keep,
+                                                    std::function<void(int64_t)> before_write) {
   const dist::Store store = s.world->store();
   const int rank = s.world->rank(), size = s.world->size();
   const CheckpointLayout layout = s.layout;
   return std::make_unique<BackgroundWriter>(
       [=](int64_t step, const std::vector<SavedPiece>& pieces) {
+        if (before_write) before_write(step);
         write_checkpoint_through_store(root, step, layout, pieces, store, rank, size, keep);
       });
 }

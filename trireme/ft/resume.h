@@ -36,6 +36,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,7 +87,10 @@ void save_checkpoint(const TrainingState& state, const std::string& root, int64_
 // the microseconds it was held.
 double save_checkpoint_async(const TrainingState& state, BackgroundWriter& writer, int64_t steps_done);
 // A BackgroundWriter that writes the checkpoints of `state` under `root`, keeping `keep`.
-std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, const std::string& root, int keep);
+// `before_write(step)`, if given, runs on its thread before this rank writes `step` (the
+// checkpoint commits only once every rank has written).
+std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& state, const std::string& root, int keep,
+                                                    std::function<void(int64_t)> before_write = {});
 // Starts the copy of this rank's state into its snapshot (written in the background);
 // returns the microseconds the caller was held. No communication (under ZeRO too). The
 // copy of CPU tensors may still run after it returns: the caller must call
