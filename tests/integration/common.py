@@ -40,6 +40,29 @@ def metrics(run_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
+LAYOUT_FLAGS = {"--dp": ("dp", int), "--tp": ("tp", int), "--pp": ("pp", int), "--zero": ("zero", int),
+                "--micro-batches": ("micro_batches", int), "--chunks": ("chunks", int),
+                "--schedule": ("schedule", str), "--replica-batches": ("replica_batches", str)}
+
+
+def assert_ran(test, run_dir, nproc, args):
+    """The run in run_dir ran as `args` asked (run.json): each layout flag among args has
+    its value there, and one entry per rank came back, its data-parallel and pipeline
+    coordinates covering their axes. A flag ignored would otherwise compare another run
+    with the reference (and pass: every layout equals it)."""
+    with open(os.path.join(run_dir, "run.json")) as f:
+        ran = json.load(f)
+    args = list(args)
+    for flag, (field, kind) in LAYOUT_FLAGS.items():
+        if flag in args:
+            test.assertEqual(ran[field], kind(args[args.index(flag) + 1]), f"{flag} in run.json")
+    test.assertEqual(len(ran["ranks"]), nproc, "one entry per rank in run.json")
+    test.assertEqual(ran["dp"] * ran["tp"] * ran["pp"], nproc)
+    test.assertEqual(sorted({r["dp"] for r in ran["ranks"]}), list(range(ran["dp"])))
+    test.assertEqual(sorted({r["stage"] for r in ran["ranks"]}), list(range(ran["pp"])))
+    return ran
+
+
 def read_params(path):
     """Reads a --dump-params file: {name: list of float32 values}."""
     out = {}

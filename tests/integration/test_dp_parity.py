@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import unittest
 
-from common import TRIREME, free_port, main, max_abs, max_abs_diff, metrics, read_params, run, stop, temp_dir
+from common import TRIREME, assert_ran, free_port, main, max_abs, max_abs_diff, metrics, read_params, run, stop, temp_dir
 
 # About 180 KB of gradients in 10 KB buckets: many buckets, launched during backward.
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "32", "--batch", "8",
@@ -47,6 +47,7 @@ class DataParallelParity(unittest.TestCase):
         print(f"dp={nproc} micro-batches={micro} {' '.join(extra)}: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g} (3 steps, vs one process)")
         self.assertEqual(len(losses), 3)
+        assert_ran(self, out, nproc, ["--dp", str(nproc), "--micro-batches", str(micro)] + list(extra))
         if nproc > 1:
             self.assertGreaterEqual(min(m["buckets"] for m in metrics(out)), 8)
         self.assertLessEqual(param_diff, TOLERANCE)
@@ -100,6 +101,7 @@ class DataParallelParity(unittest.TestCase):
         print(f"dp=4 over 2 agents x 2 ranks: max abs diff params {param_diff:.3g}, "
               f"losses {loss_diff:.3g}")
         self.assertEqual(len(losses), 3)
+        assert_ran(self, out, 4, ["--dp", "4"])
         self.assertLessEqual(param_diff, TOLERANCE)
         self.assertLessEqual(loss_diff, TOLERANCE)
 

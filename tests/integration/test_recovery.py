@@ -35,7 +35,7 @@ import signal
 import subprocess
 import time
 
-from common import TRIREME, SnapshotAreaTest, free_port, main, metrics, run, stop, workers_alive
+from common import TRIREME, SnapshotAreaTest, assert_ran, free_port, main, metrics, run, stop, workers_alive
 
 MODEL = ["--layers", "2", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "8",
          "--lr", "3e-3", "--warmup", "0", "--clip", "0.05", "--bucket-mb", "0.02",
@@ -134,6 +134,7 @@ class Recovery(SnapshotAreaTest):
         if shared is not None:  # the data-parallel replicas shared each snapshot (--snapshot-share)
             self.assertEqual(f"(shared by {shared} replicas)" in resumed[0], shared > 1, resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
+        assert_ran(self, out, nproc, layout)  # (so the reference did too: a flag ignored by both passes)
         if trains_after:  # (the report comes with the first step after the restart)
             self.check_recovery_report(stderr, metrics(out))
         self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
