@@ -248,12 +248,20 @@ class Checkpoints(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertIn("skipped:", stdout)
         self.assertIn("step 2,", stdout)
+        dump = out + ".fallback.params"
         proc = run(["train", "gpt", "--nproc-per-node", "2"] + list(layout) + ["--out", out, "--steps", "4",
-                    "--resume", "--sample-tokens", "0"] + [a for a in MODEL if a != "--quiet"],
+                    "--resume", "--sample-tokens", "0", "--dump-params", dump] + [a for a in MODEL if a != "--quiet"],
                    timeout=300)  # not --quiet: it says where it resumed
         self.assertIn("skipping a damaged checkpoint", proc.stderr)
         self.assertIn(os.path.join(root, "4", file), proc.stderr)
         self.assertIn("resumed at step 2 from", proc.stderr)
+        # The older checkpoint served whole: steps 3 and 4 again, on the same layout, end
+        # where the uninterrupted run ended, to the bit.
+        straight = train(os.path.join(self.dir, "uninterrupted"), 2, list(layout), 4)
+        diff = max_abs_diff(read_params(straight), read_params(dump))
+        print(f"resumed from the older checkpoint (step 2) to step 4: max abs diff vs the uninterrupted run {diff:.3g}")
+        with open(straight, "rb") as a, open(dump, "rb") as b:
+            self.assertTrue(a.read() == b.read(), "parameters differ from the uninterrupted run")
 
     @staticmethod
     def edit_manifest(directory, edit):
