@@ -14,13 +14,14 @@ several agents on this host (real processes, real kill -9, real SIGTERM):
 - the same, then a replacement machine joins under the lost one's --node-rank: the job
   grows back to 3 machines;
 - SIGTERM to one machine's agent (a preemption notice): it leaves within its grace period,
-  the others go on from the step the job had reached (no step lost), also under ZeRO,
-  where the leaving machine first flushes its last step into the parity;
+  the others go on from the step the job had reached (no step lost) with its state (the
+  loss curve of the uninterrupted run), also under ZeRO, where the leaving machine first
+  flushes its last step into the parity;
 - a worker process killed while its machine's agent lives on (the membership unchanged):
   the job resumes from every rank's own snapshot, bucket layout included, and with dp=3
   ends bit for bit equal to the uninterrupted run;
 - losing more machines than the redundancy covers falls back to the newest disk checkpoint,
-  saying so;
+  saying so, and ends bit for bit where one machine resumed from that checkpoint ends;
 - with the store on its own (`trireme store`, --rdzv-external), node 0 is a machine like
   the others: killing it leaves the job running on nodes 1 and 2;
 - nothing is left behind: no worker process, no snapshot area."""
@@ -49,8 +50,8 @@ STEPS = 40
 # host starves an agent that long; each kill test waits it out once.
 NODE_TIMEOUT = 5
 # Reduction order changes with dp (sums of 3 vs 2 partial gradients): losses agree to
-# float32 rounding, not bit for bit.
-LOSS_TOLERANCE = 1e-4
+# float32 rounding, not bit for bit (measured: under 1e-6 over 150 steps).
+LOSS_TOLERANCE = 1e-5
 
 
 def children(pid):
@@ -201,8 +202,10 @@ class ElasticBase(unittest.TestCase):
 class Elastic(ElasticBase):
     def test_lose_a_machine_and_grow_back(self):
         # Long enough that the job is still running when the replacement has started and
-        # asked to join (a node that arrives after the end is told so and does not join).
-        self.steps = 150
+        # asked to join (a node that arrives after the end is told so and does not join),
+        # and that every keeper protects a step first (idle-priority rounds: 150 steps once
+        # ended before that under a loaded ctest).
+        self.steps = 250
         ref = self.reference()
         out = os.path.join(self.dir, "run")
         port = free_port()
@@ -221,7 +224,7 @@ class Elastic(ElasticBase):
         both = errs[0] + errs[1]
         self.assertIn("node 2 is lost", both)
         self.assertIn("going on with nodes 0,1", both)
-        self.assertIn("rebuilt", both)
+        self.assertIn("rebuilt the snapshot of step", both)  # (not "... cannot be rebuilt ...")
         self.assertIn("node 2 joined the job", errs[2])
         resumes = [l for l in errs[0].splitlines() if "resumed at step" in l]
         self.assertEqual(len(resumes), 2, errs[0][-3000:])  # after the loss, after the join
@@ -348,6 +351,7 @@ class Elastic(ElasticBase):
         self.assertIn("rebuilt the snapshot of step", errs[0] + errs[2])
 
     def preempt(self, extra, what):
+        ref = self.reference(extra)
         out = os.path.join(self.dir, "run")
         port = free_port()
         agents = [self.start(n, port, out, ["--grace-seconds", "20"] + extra) for n in range(3)]
@@ -382,6 +386,8 @@ class Elastic(ElasticBase):
             if "stopped after step" in line:
                 self.assertIn(f"its snapshot of step {finished} committed", line)
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        # The state the others went on from was the job's, not merely its step number.
+        self.check_curve(out, ref, f"preemption notice ({what}), node 1 left after step {finished}")
         self.assertEqual(workers_alive(self.marker), [])
         return errs
 
@@ -394,7 +400,8 @@ class Elastic(ElasticBase):
         out = os.path.join(self.dir, "run")
         ckpt = os.path.join(self.dir, "ckpt")
         port = free_port()
-        extra = ["--pp", "2", "--redundancy", "2+1", "--checkpoint-every", "5", "--checkpoint-dir", ckpt]
+        extra = ["--pp", "2", "--redundancy", "2+1", "--checkpoint-every", "5", "--checkpoint-dir", ckpt,
+                 "--keep-checkpoints", str(self.steps // 5), "--dump-params", out + ".params"]
         agents = [self.start(n, port, out, extra, nproc=2, nnodes="1:3") for n in range(3)]
         self.wait_for_step(out, 12, agents)
         self.wait_for_protection(agents)
@@ -405,6 +412,23 @@ class Elastic(ElasticBase):
         self.assertIn("resuming from the newest checkpoint", errs[0])
         self.assertIn(f"from {ckpt}", errs[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, self.steps + 1)))
+        # The checkpoint served whole: one machine resumed from it by hand, on the layout
+        # the job went on with (dp 1 x pp 2), ends where the job ended, to the bit.
+        from_disk = [l for l in errs[0].splitlines() if "resumed at step" in l and f"from {ckpt}" in l]
+        step = int(from_disk[-1].split("resumed at step ")[1].split()[0])
+        resumed_ckpt = os.path.join(self.dir, "resumed-checkpoints")
+        shutil.copytree(os.path.join(ckpt, str(step)), os.path.join(resumed_ckpt, str(step)))
+        resumed = os.path.join(self.dir, "resumed")
+        proc = subprocess.run(
+            [TRIREME, "train", "gpt", "--nproc-per-node", "2", "--pp", "2", "--steps", str(self.steps), "--out",
+             resumed, "--seed", "7", "--resume", "--checkpoint-dir", resumed_ckpt, "--dump-params",
+             resumed + ".params"] + MODEL, env=self.env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn(f"resumed at step {step} from", proc.stderr)
+        diff = max_abs_diff(read_params(resumed + ".params"), read_params(out + ".params"))
+        print(f"fell back to the checkpoint of step {step}; final parameters against one machine resumed from it "
+              f"by hand: max abs diff {diff:.3g}")
+        self.assertEqual(diff, 0.0)
 
 
 if __name__ == "__main__":
