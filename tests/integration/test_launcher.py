@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -193,12 +194,41 @@ class Output(unittest.TestCase):
         self.assertEqual((rc, out), (0, "[0] None\n"))
 
 
+# A worker that says its pid, leaves a file named after its rank in the folder argv[1], and
+# sleeps; rank CRASHER (argv[2]) first waits (up to 60 s) until all WORLD_SIZE files exist,
+# so that every pid is known before it does what argv[3] says.
+CRASH_WHEN_ALL_READY = (
+    "import os, sys, time\n"
+    "print('ready', os.getpid(), flush=True)\n"
+    "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').close()\n"
+    "if os.environ['RANK'] == sys.argv[2]:\n"
+    "    deadline = time.monotonic() + 60\n"
+    "    while len(os.listdir(sys.argv[1])) < int(os.environ['WORLD_SIZE']) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.01)\n"
+    "    exec(sys.argv[3])\n"
+    "time.sleep(120)\n")
+
+
 class Failures(unittest.TestCase):
+    def ready_dir(self):
+        path = tempfile.mkdtemp(prefix="trireme-ready-")
+        self.addCleanup(shutil.rmtree, path, ignore_errors=True)
+        return path
+
+    def gone(self, pids):
+        """Whether every worker ended within 5 s of its agent; the ones left are killed."""
+        def kill_left():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.addCleanup(kill_left)
+        return wait_pids_gone(pids, 5)
+
     def check_crash(self, crash, phrase):
-        prog = ("import os, sys, time\n"
-                f"if os.environ['RANK'] == '1': {crash}\n"
-                "time.sleep(120)\n")
-        rc, _, err, elapsed = run(["--nproc-per-node", "3"], [PY, "-c", prog])
+        rc, out, err, elapsed = run(["--nproc-per-node", "3"], [PY, "-c", CRASH_WHEN_ALL_READY, self.ready_dir(),
+                                                                  "1", crash])
         self.assertNotEqual(rc, 0)
         # Well under the other workers' 120 s sleep (what a job not stopped would wait out),
         # with room for a loaded machine.
@@ -206,6 +236,10 @@ class Failures(unittest.TestCase):
         self.assertEqual(one_line(err),
                          f"trireme run: rank 1 (node 0, local 1) {phrase}; "
                          "stopped the other workers")
+        # The other workers were stopped, not left running (each said its pid first).
+        pids = [int(pid) for pid in re.findall(r"ready (\d+)", out)]
+        self.assertEqual(len(pids), 3, out)
+        self.assertTrue(self.gone(pids), "a worker outlived its agent")
 
     def test_worker_exit_code_stops_the_job(self):
         self.check_crash("sys.exit(3)", "exited with code 3")
@@ -216,12 +250,10 @@ class Failures(unittest.TestCase):
     def test_crash_on_node_one_stops_node_zero(self):
         port = free_port()
         common = ["--nproc-per-node", "2", "--nnodes", "2", "--rdzv", f"127.0.0.1:{port}"]
-        prog = ("import os, sys, time\n"
-                "print('ready', os.getpid(), flush=True)\n"
-                "if os.environ['RANK'] == '3': sys.exit(3)\n"
-                "time.sleep(120)\n")
+        ready = self.ready_dir()
         begin = time.monotonic()
-        agents = [start(self, common + ["--node-rank", str(r)], [PY, "-c", prog]) for r in (0, 1)]
+        agents = [start(self, common + ["--node-rank", str(r)], [PY, "-c", CRASH_WHEN_ALL_READY, ready, "3",
+                                                                 "sys.exit(3)"]) for r in (0, 1)]
         results = [a.communicate(timeout=TIMEOUT) for a in agents]
         self.assertLess(time.monotonic() - begin, FAIL_FAST_S)  # not the workers' 120 s sleep
         failed = "rank 3 (node 1, local 1) exited with code 3"
@@ -231,12 +263,32 @@ class Failures(unittest.TestCase):
         self.assertNotEqual(agents[0].returncode, 0)
         self.assertEqual(one_line(results[0][1]),
                          f"trireme run: {failed}; stopped the workers of node 0")
-        # workers stopped early may not have printed; check those that did
+        # Every worker said its pid before rank 3 failed: all of them were stopped.
         pids = [int(pid) for out, _ in results for pid in re.findall(r"ready (\d+)", out)]
-        self.assertTrue(wait_pids_gone(pids, 5))
+        self.assertEqual(len(pids), 4, results)
+        self.assertTrue(self.gone(pids), "a worker outlived its agent")
+
+
+def own_snapshot_root(test):
+    """Points the agents `test` starts at a snapshot root of its own, removed when it ends:
+    an agent killed with -9 cannot remove its area, which would otherwise stay in /dev/shm
+    until some later agent's sweep."""
+    root = tempfile.mkdtemp(prefix="trireme-areas-")
+    previous = os.environ.get("TRIREME_SNAPSHOT_ROOT")
+    os.environ["TRIREME_SNAPSHOT_ROOT"] = root
+
+    def restore():
+        if previous is None:
+            os.environ.pop("TRIREME_SNAPSHOT_ROOT", None)
+        else:
+            os.environ["TRIREME_SNAPSHOT_ROOT"] = previous
+        shutil.rmtree(root, ignore_errors=True)
+    test.addCleanup(restore)
 
 
 class Signals(unittest.TestCase):
+    def setUp(self):
+        own_snapshot_root(self)
     def start_sleepers(self, n):
         proc = start(self, ["--nproc-per-node", str(n)], [PY, "-c", SLEEPER])
         return proc, read_ready_pids(proc, n)
@@ -288,7 +340,7 @@ class Signals(unittest.TestCase):
         self.assertTrue(wait_pids_gone(pids, 1))
 
     def test_stopping_signals_give_the_workers_sigterm_and_remove_the_area(self):
-        """SIGINT, SIGHUP (the terminal went away) and SIGQUIT stop the job as SIGTERM does:
+        """SIGTERM, SIGINT, SIGHUP (the terminal went away) and SIGQUIT stop the job alike:
         the workers get SIGTERM (not the signal the agent received), and the node's snapshot
         area goes (before, SIGHUP and SIGQUIT killed the agent at once and left the area in
         /dev/shm)."""
@@ -301,7 +353,7 @@ class Signals(unittest.TestCase):
                 "signal.signal(signal.SIGTERM, stopped)\n"
                 "print('ready', area, os.getpid(), flush=True)\n"
                 "time.sleep(120)\n")
-        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             with self.subTest(signal=sig.name):
                 proc = start(self, ["--nproc-per-node", "2"], [PY, "-c", prog])
                 lines = [proc.stdout.readline(), proc.stdout.readline()]
@@ -393,6 +445,9 @@ class ExternalStore(unittest.TestCase):
 
 
 class Membership(unittest.TestCase):
+    def setUp(self):
+        own_snapshot_root(self)
+
     def test_a_lost_machine_is_seen_by_the_two_agents_before_it(self):
         """Five agents (emulated machines) of an elastic job; node 3's agent is killed with
         kill -9 (its worker dies with it). Each agent watches only the two members after it
