@@ -425,18 +425,37 @@ TEST(LaunchAgent, JoinRequestWithoutARestartLeftLetsTheWorkersFinish) {
   MemoryChannel channel;
   CapturedIo io;
   channel.add(keys::kJoined, 1);  // node 1 joined, then its machine vanished
-  const LaunchOptions o = one_node_left_options(
-      "if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then sleep 1; echo finished; exit 0; fi; exec sleep 30", 1);
+  // Generation 1's worker finishes once GO exists: after the request, and after the agent
+  // has supervised with it pending (two heartbeats later), so the request is seen while
+  // the workers run, not after they finished.
+  const std::string go = "/tmp/trireme-test-agent-go-" + std::to_string(::getpid());
+  ::unlink(go.c_str());
+  const LaunchOptions o = one_node_left_options("if [ $TORCHELASTIC_RESTART_COUNT = 1 ]; then while [ ! -e " + go +
+                                                    " ]; do sleep 0.02; done; echo finished; exit 0; fi; "
+                                                    "exec sleep 30",
+                                                1);
+  bool supervised_with_request = false;
   std::thread joiner([&] {  // once generation 1 runs without node 1, node 1 asks back in
-    if (!channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) return;
-    channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
-    channel.add(keys::kPending, 1);
+    if (channel.wait_for(keys::restart_resume(1), std::chrono::seconds(10))) {
+      channel.set(keys::pending(1), channel.try_get(keys::kRunId).value_or(""));
+      channel.add(keys::kPending, 1);
+      const auto beats = [&] { return std::stoll(channel.try_get(keys::alive(0)).value_or("0")); };
+      const int64_t at_request = beats();
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (beats() < at_request + 2 && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      supervised_with_request = beats() >= at_request + 2;
+    }
+    ::close(::open(go.c_str(), O_CREAT | O_WRONLY, 0600));
   });
   const auto result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
   joiner.join();
+  ::unlink(go.c_str());
+  EXPECT_TRUE(supervised_with_request) << "the agent's heartbeat did not go on after the request";
   EXPECT_EQ(result.exit_code, 0) << result.failure;
   const std::string out = io.stdout_text();
   EXPECT_NE(out.find("finished"), std::string::npos) << out;
+  EXPECT_FALSE(channel.try_get(keys::restart(2)));  // no generation for the joiner: no restart left
 }
 
 // How a generation ends when one node's workers finish while another node would restart
@@ -846,14 +865,19 @@ TEST(LaunchAgent, ARestartLeaderWaitsForAStuckMemberOnlyUntilTheJoinTimeout) {
 }
 
 // A first stopping signal that arrives while the agent stops the workers for a failure
-// (a scheduler's scancel, say) leaves them their grace period; only a second one hurries
-// the SIGKILL (before, the first one did).
+// (a scheduler's scancel, say) leaves them their grace period (3 s here); only a second
+// one hurries the SIGKILL (before, the first one did).
 TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
   MemoryChannel channel;
   CapturedIo io;
   std::atomic<bool> agent_running{true};  // (a SIGTERM after run_agent would end the test binary)
-  std::thread signal([&] {  // once the failure is published, as the stop begins
-    if (channel.wait_for(keys::kFailure, std::chrono::seconds(20)) && agent_running) ::kill(::getpid(), SIGTERM);
+  // Once the failure is published, as the stop begins: a first SIGTERM; 1.5 s later, a
+  // second, which hurries the SIGKILL (the worker ignores SIGTERM).
+  std::thread signal([&] {
+    if (!channel.wait_for(keys::kFailure, std::chrono::seconds(20)) || !agent_running) return;
+    ::kill(::getpid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // (the stimulus's timing, not a wait)
+    if (agent_running) ::kill(::getpid(), SIGTERM);
   });
   LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then exit 2; fi; trap '' TERM; exec sleep 30");
   o.stop_grace_s = 3;
@@ -866,7 +890,8 @@ TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
   const double stop_s = seconds_since(stopping);
   signal.join();
   EXPECT_EQ(result.failure, "rank 1 (node 0, local 1) exited with code 2; stopped the other workers");
-  EXPECT_GE(stop_s, 2.9) << "the worker was killed before its grace period ended";
+  EXPECT_GE(stop_s, 1.4) << "the first signal killed the worker before its grace period ended";
+  EXPECT_LT(stop_s, 2.9) << "the second signal did not hurry the SIGKILL";
 }
 
 // A signal to an agent in the middle of a restart publishes the failure: the others would
