@@ -224,6 +224,10 @@ def main() -> int:
         if world > 1:
             dist.all_reduce(local_loss)
         step_s = time.perf_counter() - t0
+        # The step's line is written after its torch.save, as Trireme's leader writes its
+        # line after the step's snapshot or checkpoint hold: on both sides a line means the
+        # next step can start, so bench/fault_tolerance's kill -> first step after the
+        # restart counts the synchronous save that holds that step (step_ms leaves it out).
         save_ms = save(step + 1) if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 else 0.0
         if metrics is not None:
             metrics.write(json.dumps({

@@ -6,7 +6,7 @@ compared with Trireme's schedules side by side:
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 bench/py/pp_peer.py --schedule 1f1b \
         --layers 4 --dim 256 --heads 4 --seq 128 --batch 16 --micro-batches 8 --steps 6 \
-        --lr 3e-3 --seed 1 --out /tmp/pp_peer.jsonl
+        --lr 3e-3 --clip 1 --seed 1 --out /tmp/pp_peer.jsonl
 
 Terms, as in trireme/parallel/pipeline/schedule.h:
   p        pipeline ranks = world size (pipeline parallelism only, no data parallelism)
@@ -35,13 +35,16 @@ Per step: random token ids, torch.randint(0, 256, (B, T+1)) from a generator see
 seed*1000 + step (the same on every rank; the first stage takes the inputs [:, :-1], the last
 the targets [:, 1:]); mean cross-entropy over logits reshaped (-1, V); PyTorch divides the
 gradients by the micro-batch count (scale_grads), so they are those of the batch mean;
-AdamW(lr, betas 0.9/0.95, weight_decay 0.1) at a constant --lr; no gradient clipping (with
-pipelining the global norm would need an all-reduce over stages; skipped, the benchmark only
-compares speed).
+clipping to the global gradient norm --clip as Trireme's clip_grad_norm does under
+pipelining: each rank's squared norm of its stages' gradients, all-reduced over the ranks,
+the square root the global norm, every gradient scaled by clip / (norm + 1e-6) when the norm
+exceeds --clip (0: the norm is still computed and all-reduced, as Trireme does, but nothing
+is scaled); AdamW(lr, betas 0.9/0.95, weight_decay 0.1) at a constant --lr.
 
-Rank 0 writes --out (JSON lines): per step {"step", "step_ms", "tokens_per_s", "loss"}, where
-step_ms is time.perf_counter() from a dist.barrier() that lines the ranks up to the end of
-schedule.step() + optimizer.step() + zero_grad() and of the broadcast of the loss (the mean
+Rank 0 writes --out (JSON lines): per step {"step", "step_ms", "tokens_per_s", "loss",
+"grad_norm"}, where step_ms is time.perf_counter() from a dist.barrier() that lines the ranks
+up to the end of schedule.step() + the clipping + optimizer.step() + zero_grad() and of the
+broadcast of the loss (the mean
 micro-batch loss, never null) to rank 0 from the rank holding the last stage: like Trireme's
 step, which ends with a loss all-reduce, rank 0's time includes its wait for that rank. At
 the end one {"final": true, "rank": r, "maxrss_kb": ...} line per rank: the process's peak
@@ -197,6 +200,21 @@ def format_split(ranges: list[tuple[int, int]]) -> str:
     return ",".join(f"{b}:{e}" for b, e in ranges)
 
 
+def clip_global_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Clips the gradients of this rank's stages to the global L2 norm over every stage, as
+    Trireme's optim::clip_grad_norm with its pipeline group: each rank's squared norm,
+    all-reduced (summed) over the ranks, whose square root is the norm; the gradients are
+    scaled by max_norm / (norm + 1e-6) only when the norm exceeds max_norm (> 0). Returns
+    the global norm."""
+    grads = [q.grad for q in params if q.grad is not None]
+    squared = torch.nn.utils.get_total_norm(grads, 2.0).double().pow(2).reshape(1)  # (1) this rank's part
+    dist.all_reduce(squared)
+    norm = squared.sqrt().item()
+    if max_norm > 0 and norm > max_norm:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm))
+    return norm
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="PyTorch pipeline-parallel peer of `trireme train gpt --pp`")
     ap.add_argument("--schedule", required=True, choices=list(SCHEDULES))
@@ -208,6 +226,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--clip", type=float, default=1.0,
+                    help="clip gradients to this global L2 norm (0: off), as trireme train's --clip")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", required=True, help="JSON-lines file written by rank 0")
     ap.add_argument("--chunks", type=int, default=None,
@@ -225,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--batch {args.batch} is not divisible by --micro-batches {args.micro_batches}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
+    if args.clip < 0:
+        ap.error(f"--clip must be >= 0 (0 turns clipping off), got {args.clip}")
     return args
 
 
@@ -321,6 +343,7 @@ def main() -> int:
             schedule.step(*step_args, target=y, losses=losses)
         else:
             schedule.step(*step_args)
+        grad_norm = clip_global_norm(params, args.clip)
         opt.step()
         opt.zero_grad(set_to_none=False)
 
@@ -335,7 +358,7 @@ def main() -> int:
         if out is not None:
             out.write(json.dumps({"step": step, "step_ms": step_s * 1e3,
                                   "tokens_per_s": tokens_per_step / step_s,
-                                  "loss": loss_t.item()}) + "\n")
+                                  "loss": loss_t.item(), "grad_norm": grad_norm}) + "\n")
             out.flush()
 
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
