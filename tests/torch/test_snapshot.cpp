@@ -3,13 +3,10 @@
 // it, and what was taken reads back exactly. And what ft/resume.h saves and restores
 // through them and through checkpoints: module buffers, non-contiguous parameters through
 // a shared snapshot's broadcast, and Resumable's checks of its inputs and steps.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/file.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +26,7 @@
 #include <torch/optim/adamw.h>
 
 #include "ranks.h"
+#include "worlds.h"
 #include "trireme/common/error.h"
 #include "trireme/dist/world.h"
 #include "trireme/ft/resume.h"
@@ -353,36 +351,7 @@ using trireme::dist::World;
 using trireme::ft::Resumable;
 using trireme::ft::ResumableOptions;
 
-// A free TCP port on loopback, for the store of a World of several ranks.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  ::close(fd);
-  EXPECT_TRUE(bound);
-  return ntohs(address.sin_port);
-}
-
-// Runs fn(world) on `size` threads, each a rank of one World over loopback (rank 0 hosts
-// its store); rethrows the first rank's failure.
-void run_worlds(int size, const std::function<void(World&)>& fn) {
-  const int port = free_port();
-  trireme::testing::run_threads(size, [&](int rank) {
-    trireme::dist::WorldInfo info;
-    info.rank = info.local_rank = rank;
-    info.world_size = info.local_world_size = size;
-    info.master_port = port;
-    trireme::dist::WorldOptions options;
-    options.group.timeout = std::chrono::seconds(60);
-    World world = World::connect(info, options);
-    fn(world);
-    world.group()->barrier()->wait();  // no rank tears down its group while another uses it
-  });
-}
+using trireme::testing::run_worlds;
 
 World one_rank() { return World::connect(trireme::dist::WorldInfo{}); }
 

@@ -2,7 +2,6 @@
 // member created, bad member lists are refused, and a store that goes away is a CommError.
 // Ranks are threads of this process, clients of a TCPStore the test hosts.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
 
@@ -13,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "ranks.h"
+#include "worlds.h"
 #include "trireme/common/error.h"
 #include "trireme/dist/mesh.h"
 #include "trireme/dist/world.h"
@@ -22,35 +21,8 @@ namespace {
 
 using trireme::dist::World;
 
-// A store server on an ephemeral loopback port, as `trireme run`'s agent hosts one.
-c10::intrusive_ptr<c10d::TCPStore> host_store() {
-  c10d::TCPStoreOptions options;
-  options.port = 0;
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.numWorkers = std::nullopt;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
-}
-
-World client(const c10d::TCPStore& server, int rank, int size, trireme::dist::WorldOptions options = {}) {
-  trireme::dist::WorldInfo info;
-  info.rank = info.local_rank = rank;
-  info.world_size = info.local_world_size = size;
-  info.master_port = server.getPort();
-  info.agent_hosts_store = true;
-  return World::connect(info, options);
-}
-
-// Runs fn(world) on `size` threads, each a rank; rethrows the first rank's failure.
 void run_worlds(int size, const std::function<void(World&)>& fn) {
-  const auto server = host_store();
-  trireme::testing::run_threads(size, [&](int rank) {
-    trireme::dist::WorldOptions options;
-    options.group.timeout = std::chrono::seconds(20);  // a mismatch fails instead of hanging
-    World world = client(*server, rank, size, options);
-    fn(world);
-    world.group()->barrier()->wait();  // no rank tears down its groups while another uses them
-  });
+  trireme::testing::run_worlds(size, fn, std::chrono::seconds(20));  // a mismatch fails instead of hanging
 }
 
 // The sum over `group` of each member's rank + 1.
@@ -75,8 +47,8 @@ TEST(WorldGroups, OverlappingGroupsRendezvousWhateverElseAMemberJoined) {
 }
 
 TEST(WorldGroups, BadMemberListsAreRefused) {
-  const auto server = host_store();
-  World world = client(*server, 0, 1);
+  const auto server = trireme::testing::host_store();
+  World world = trireme::testing::world_client(*server, 0, 1);
   const auto refused = [&](const std::vector<int>& ranks, const std::string& expect) {
     try {
       world.new_group(ranks, "t");
@@ -94,8 +66,8 @@ TEST(WorldGroups, BadMemberListsAreRefused) {
 // A layout of another size than the job is refused before any group is made (every
 // rank would otherwise wait for members that do not exist).
 TEST(WorldGroups, AMeshOfAnotherSizeIsRefused) {
-  const auto server = host_store();
-  World world = client(*server, 0, 1);
+  const auto server = trireme::testing::host_store();
+  World world = trireme::testing::world_client(*server, 0, 1);
   try {
     world.mesh_groups(trireme::dist::Mesh::from_sizes(2, 1, 1));
     ADD_FAILURE() << "a mesh of 2 ranks was accepted in a world of 1";
@@ -105,12 +77,12 @@ TEST(WorldGroups, AMeshOfAnotherSizeIsRefused) {
 }
 
 TEST(WorldGroups, AStoreThatIsGoneIsACommError) {
-  auto server = host_store();
+  auto server = trireme::testing::host_store();
   trireme::dist::WorldOptions options;
   options.connect_timeout = std::chrono::seconds(1);
   std::vector<std::string> notes;
   options.on_store_retry = [&](const std::string& note) { notes.push_back(note); };
-  World world = client(*server, 0, 1, options);
+  World world = trireme::testing::world_client(*server, 0, 1, options);
   world.heartbeat(1);
   server.reset();  // the only reference: the server stops
   try {
