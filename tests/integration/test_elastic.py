@@ -198,6 +198,25 @@ class ElasticBase(unittest.TestCase):
         print(f"{what}: max |loss - uninterrupted loss| over {self.steps} steps = {diff:.3g}")
         self.assertLess(diff, LOSS_TOLERANCE)
 
+    def check_as_resumed_by_hand(self, checkpoint, nproc, layout, params, what):
+        """The job's final parameters (the dump `params`) are, to the bit, those of a
+        `trireme train` of `nproc` workers resumed by hand from `checkpoint` (DIR/<step>,
+        copied to a directory of its own) under `layout` to the end: the state the job went
+        on from was that checkpoint's."""
+        step = os.path.basename(checkpoint)
+        resumed_ckpt = os.path.join(self.dir, "resumed-checkpoints")
+        shutil.copytree(checkpoint, os.path.join(resumed_ckpt, step))
+        resumed = os.path.join(self.dir, "resumed")
+        proc = subprocess.run(
+            [TRIREME, "train", "gpt", "--nproc-per-node", str(nproc), "--steps", str(self.steps), "--out", resumed,
+             "--seed", "7", "--resume", "--checkpoint-dir", resumed_ckpt, "--dump-params", resumed + ".params"]
+            + MODEL + list(layout), env=self.env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn(f"resumed at step {step} from", proc.stderr)
+        diff = max_abs_diff(read_params(resumed + ".params"), read_params(params))
+        print(f"  final parameters against {what}: max abs diff {diff:.3g}")
+        self.assertEqual(diff, 0.0)
+
 
 class Elastic(ElasticBase):
     def test_lose_a_machine_and_grow_back(self):
@@ -273,19 +292,8 @@ class Elastic(ElasticBase):
                          f"machine killed, optimizer state rebuilt from parity and re-sharded (step {rebuilt})")
         # The same 2 machines resumed from the reference's checkpoint of that step: the state
         # rebuilt from parity and re-sharded must be that checkpoint's, to the bit.
-        resumed_ckpt = os.path.join(self.dir, "resumed-checkpoints")
-        shutil.copytree(os.path.join(ref_ckpt, str(rebuilt)), os.path.join(resumed_ckpt, str(rebuilt)))
-        resumed = os.path.join(self.dir, "resumed")
-        proc = subprocess.run(
-            [TRIREME, "train", "gpt", "--nproc-per-node", str(2 * nproc), "--steps", str(self.steps), "--out", resumed,
-             "--seed", "7", "--resume", "--checkpoint-dir", resumed_ckpt, "--dump-params", resumed + ".params"]
-            + MODEL + extra, env=self.env, capture_output=True, text=True, timeout=300)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        self.assertIn(f"resumed at step {rebuilt} from", proc.stderr)
-        diff = max_abs_diff(read_params(resumed + ".params"), read_params(out + ".params"))
-        print(f"  final parameters against 2 machines resumed from the checkpoint of step {rebuilt}: "
-              f"max abs diff {diff:.3g}")
-        self.assertEqual(diff, 0.0)
+        self.check_as_resumed_by_hand(os.path.join(ref_ckpt, str(rebuilt)), 2 * nproc, extra, out + ".params",
+                                      f"2 machines resumed from the checkpoint of step {rebuilt}")
         self.assertEqual(workers_alive(self.marker), [])
 
     def test_zero_resharded_under_pipeline(self):
@@ -416,19 +424,8 @@ class Elastic(ElasticBase):
         # the job went on with (dp 1 x pp 2), ends where the job ended, to the bit.
         from_disk = [l for l in errs[0].splitlines() if "resumed at step" in l and f"from {ckpt}" in l]
         step = int(from_disk[-1].split("resumed at step ")[1].split()[0])
-        resumed_ckpt = os.path.join(self.dir, "resumed-checkpoints")
-        shutil.copytree(os.path.join(ckpt, str(step)), os.path.join(resumed_ckpt, str(step)))
-        resumed = os.path.join(self.dir, "resumed")
-        proc = subprocess.run(
-            [TRIREME, "train", "gpt", "--nproc-per-node", "2", "--pp", "2", "--steps", str(self.steps), "--out",
-             resumed, "--seed", "7", "--resume", "--checkpoint-dir", resumed_ckpt, "--dump-params",
-             resumed + ".params"] + MODEL, env=self.env, capture_output=True, text=True, timeout=300)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        self.assertIn(f"resumed at step {step} from", proc.stderr)
-        diff = max_abs_diff(read_params(resumed + ".params"), read_params(out + ".params"))
-        print(f"fell back to the checkpoint of step {step}; final parameters against one machine resumed from it "
-              f"by hand: max abs diff {diff:.3g}")
-        self.assertEqual(diff, 0.0)
+        self.check_as_resumed_by_hand(os.path.join(ckpt, str(step)), 2, ["--pp", "2"], out + ".params",
+                                      f"one machine resumed by hand from the checkpoint of step {step} fallen back to")
 
 
 if __name__ == "__main__":
