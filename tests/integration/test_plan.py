@@ -245,6 +245,70 @@ class PlanTest(unittest.TestCase):
             self.assertEqual(len(lines), 1, proc.stdout + proc.stderr)
             self.assertIn(message, lines[0])
 
+    def refuse(self, args, message):
+        """`trireme ARGS` exits 2 with one line holding message, nothing printed before it."""
+        proc = run(args, check=False, timeout=60)
+        lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+        print(f"{' '.join(args[:1] + args[-4:])} -> exit {proc.returncode}: {lines[-1] if lines else ''}")
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertEqual(len(lines), 1, proc.stdout + proc.stderr)
+        self.assertIn(message, lines[0])
+
+    def test_flags_outside_their_mode_are_refused(self):
+        # Each was ignored (given at its default value too): the search ran without the
+        # layout flags, --evaluate without the search's, no trials without --measure-top.
+        model = ["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
+                 "--seq", "32"]
+        for flag, value in (("--dp", "1"), ("--tp", "1"), ("--pp", "1"), ("--schedule", "1f1b"), ("--chunks", "1"),
+                            ("--micro-batches", "1"), ("--zero", "0"), ("--pp-split", "0:4"),
+                            ("--replica-batches", "8")):
+            self.refuse(model + [flag, value], f"{flag} applies only with --evaluate; add --evaluate or drop {flag}")
+        for flags in (["--symmetric"], ["--compare-symmetric"], ["--runners-up", "5"]):
+            self.refuse(model + ["--evaluate"] + flags,
+                        f"{flags[0]} applies only to a search, not to --evaluate; drop {flags[0]} or --evaluate")
+        for flag, value in (("--measure-steps", "10"), ("--measure-rounds", "2"), ("--measure-dir", self.dir)):
+            self.refuse(model + [flag, value], f"{flag} applies only with --measure-top K")
+        # A --profile holds its model: a shape flag at its default value (4 layers) too.
+        self.refuse(["plan", "--profile", self.profile, "--local", "2", "--layers", "4"],
+                    f"--layers applies only with --analytic; --profile {self.profile} holds the times of its own model")
+
+    def test_bad_layout_and_trial_flags_name_the_flag_before_anything_is_printed(self):
+        model = ["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
+                 "--seq", "32"]
+        afile = self.write("afile", "x")
+        cases = [(["--evaluate", "--zero", "3"], "--zero 3 is not a ZeRO stage; use 1"),
+                 (["--evaluate", "--tp", "2", "--zero", "1"],
+                  "--zero 1 shards over the data-parallel group, which has 1 rank here; use --dp 2 or more"),
+                 (["--evaluate", "--pp", "2", "--chunks", "0"], "--chunks must be at least 1, got 0"),
+                 (["--evaluate", "--pp", "2", "--chunks", "2"], "--chunks 2 needs --schedule interleaved"),
+                 # (Before: dropped silently with pp 1; train refuses it.)
+                 (["--evaluate", "--schedule", "zb-h1"], "--schedule zb-h1 needs a pipeline: add --pp 2 or more"),
+                 (["--measure-top", "2", "--measure-steps", "2"], "--measure-steps must be more than 2"),
+                 (["--measure-top", "2", "--measure-rounds", "0"], "--measure-rounds must be at least 1, got 0"),
+                 (["--measure-top", "2", "--measure-dir", afile + "/trials"],
+                  f"--measure-dir {afile}/trials: {afile} is a file, not a directory"),
+                 (["--local", "0"], "--local must be in 1..1024"),
+                 (["--local", "1025"], "--local must be in 1..1024"),
+                 (["--local", "-2"], "--local must be in 1..1024"),
+                 (["stray"], "unexpected argument 'stray' for 'trireme plan'; see trireme plan --help")]
+        for flags, message in cases:
+            self.refuse(model + flags, message)
+
+    def test_simulate_refuses_flags_of_the_trace_it_does_not_use(self):
+        plan, cluster, model = self.spot_plan()
+        trace = self.write("two.csv", "0,8\n3600000,7\n")
+        base = ["simulate", "--plan", plan, "--cluster", cluster, *model]
+        for flag, value in (("--hours", "12"), ("--seed", "1"), ("--replacement-s", "600")):
+            self.refuse(base + ["--trace", trace, "--trace-format", "count", flag, value],
+                        f"{flag} shapes a synthetic trace, but --trace {trace} is given; drop {flag}")
+        self.refuse(base + ["--trace-format", "count"],
+                    f"--trace-format applies only to a trace file, and neither --trace nor {cluster} gives one")
+        self.refuse(base + ["--hours", "1e9"], "--hours must be more than 0 and at most 87660 (ten years), got 1e+09")
+        self.refuse(base + ["--seed", "-1"], "--seed must be >= 0, got -1")
+        self.refuse(base + ["--replacement-s", "0"], "--replacement-s must be positive (seconds), got 0")
+        help_text = run(["simulate", "--help"]).stdout
+        self.assertTrue(help_text.startswith("usage: trireme simulate --plan"), help_text)
+
     def spot_plan(self):
         """A plan for 8 spot V100 machines and an analytic model: (plan, cluster, model flags)."""
         cluster = self.write("spot.json", {"groups": [

@@ -209,6 +209,72 @@ class TrainBadInput(unittest.TestCase):
         run(["train", "gpt", "--nproc-per-node", "2", "--plan", plan, "--layers", "2", "--dp", "2", "--steps", "1",
              "--quiet", "--sample-tokens", "0", "--trace-steps", "0", "--out", out], timeout=120)
 
+    def test_plan_flags_at_their_default_and_the_plans_world(self):
+        # --layers 4 and --pp 1 are the defaults: they were taken as not given and the plan's
+        # values ran instead. A world other than the plan's named --dp and --pp, which the
+        # user did not give.
+        work = temp_dir()
+        plan = os.path.join(work, "p.json")
+        run(["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
+             "--seq", "32", "--evaluate", "--dp", "2", "--global-batch", "8", "--out", plan])
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--layers", "4"],
+                    f"--layers 4 contradicts the plan {plan}, which sets 2; drop --layers")
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--dp", "0"], f"--dp 0 contradicts the plan {plan}")
+        self.refuse(["--nproc-per-node", "1", "--plan", plan],
+                    f"the plan {plan} runs on 2 ranks but the job has 1 processes; give --nproc-per-node 2")
+        self.refuse(["--nproc-per-node", "2", "--plan", plan, "--pp-balance", "time"],
+                    "--pp-balance applies only to a pipeline split by measurement")
+
+    def test_flags_that_would_be_ignored(self):
+        self.refuse(["--nproc-per-node", "1", "--keep-checkpoints", "2"] + SMALL,
+                    "--keep-checkpoints applies only with --checkpoint-every N")
+        self.refuse(["--nproc-per-node", "1", "--standby", "1"] + SMALL,
+                    "--standby 1 applies only with --max-restarts")
+        self.refuse(["--nproc-per-node", "1", "--redundancy-cpu", "0.5"] + SMALL,
+                    "--redundancy-cpu applies only with --redundancy K+M")
+        self.refuse(["--nproc-per-node", "2", "--pp", "2", "--pp-split", "0:1,1:3", "--pp-balance", "params"] + SMALL,
+                    "--pp-split gives the split; drop --pp-balance")
+        self.refuse(["--nproc-per-node", "1", "--pp-balance", "params"] + SMALL,
+                    "--pp-balance applies only to a pipeline split by measurement: there is no pipeline")
+
+    def test_values_that_read_as_something_else(self):
+        # An empty --data trained on the bundled corpus; --warmup -7 became a tenth of
+        # --steps; ' 2' and '+2' and 0x10 were numbers; a rank past 2^32 wrapped in atoi.
+        self.refuse(["--nproc-per-node", "1", "--data", ""] + SMALL, "--data needs a value, got an empty one")
+        self.refuse(["--nproc-per-node", "1", "--warmup", "-7"] + SMALL,
+                    "--warmup must be >= 0 steps (or -1: a tenth of --steps), got -7")
+        self.refuse(["--nproc-per-node", " 1"] + SMALL, "--nproc-per-node expects an integer, got ' 1'")
+        self.refuse(["--nproc-per-node", "1", "--lr", "0x10"] + SMALL, "--lr expects a finite number, got '0x10'")
+        self.refuse(["--nproc-per-node", "2", "--emulate-slowdown", "4294967297:2"] + SMALL,
+                    "--emulate-slowdown '4294967297:2' names a rank past any job's")
+        self.refuse(["--nproc-per-node", "2", "--emulate-slowdown", "1:2,1:3"] + SMALL,
+                    "--emulate-slowdown names rank 1 twice")
+        self.refuse(["--nproc-per-node", "2", "--batch", "8", "--replica-batches", "99999999999999999999,1"]
+                    + SMALL[:-5], "99999999999999999999 sequences are more than --batch 8")
+        self.refuse(["--nproc-per-node", "1", "--log-every", "0"] + SMALL, "--log-every must be at least 1")
+        self.refuse(["--nproc-per-node", "1", "--bucket-mb", "0"] + SMALL,
+                    "--bucket-mb must be in (0, 1048576] MiB, got 0")
+
+    def test_other_commands_name_the_fix(self):
+        # (trireme run, schedule and checkpoint inspect: one line, exit 2.)
+        def refuse(args, expect):
+            proc = run(args, check=False, timeout=60)
+            lines = [l for l in proc.stderr.splitlines() if l.strip()]
+            print(f"{' '.join(args)!s:60.60} -> exit {proc.returncode}: {lines[-1] if lines else ''}")
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertIn(expect, lines[0])
+
+        refuse(["run", "--nproc-per-node", "1", "--standby", "1", "--", "true"],
+               "--standby 1 applies only with --max-restarts")
+        refuse(["run", "--nproc-per-node", "1", "--redundancy-cpu", "7", "--", "true"],
+               "--redundancy-cpu must be in [0, 1]")
+        refuse(["schedule", "stray"], "unexpected argument 'stray' for 'trireme schedule'; see trireme schedule --help")
+        empty = temp_dir()
+        refuse(["checkpoint", "inspect", empty],
+               f"{empty} holds no checkpoint; pass a run's checkpoints/ directory")
+        self.assertTrue(run(["schedule", "--help"]).stdout.startswith("usage: trireme schedule "))
+
     def test_fresh_run_among_earlier_checkpoints(self):
         # A run without --resume whose checkpoint directory holds another run's checkpoints
         # is refused: a restart falling back to disk (or a later --resume) would load that

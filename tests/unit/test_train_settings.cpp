@@ -1,7 +1,8 @@
 // Settings checked and derived before training starts, without libtorch: the learning-rate
 // schedule (optim/lr_schedule.h) against hand-computed values, its edge cases and its
-// purity (a resumed run replays it from the step alone), and the GPT shape checks
-// (models/gpt_config.h).
+// purity (a resumed run replays it from the step alone), the GPT shape checks
+// (models/gpt_config.h), and the refusals of `trireme train gpt`'s flags
+// (cli/train_options.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,11 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "trireme/cli/flags.h"
+#include "trireme/cli/train_options.h"
 #include "trireme/common/error.h"
 #include "trireme/models/gpt_config.h"
 #include "trireme/optim/lr_schedule.h"
+#include "trireme/plan/plan.h"
 
 using trireme::InvalidArgument;
+using trireme::cli::TrainOptions;
 using trireme::models::GptConfig;
 using trireme::optim::LrSchedule;
 
@@ -158,4 +163,128 @@ TEST(GptConfigTest, SizesBeyondCountingAreRejected) {
   EXPECT_EQ(validate_error(gpt3), "");
   EXPECT_GT(gpt3.num_parameters(), 174000000000);
   EXPECT_LT(gpt3.num_parameters(), 177000000000);
+}
+
+namespace {
+
+// The options `trireme train gpt ARGS` parses (FlagParser records which flags were given).
+TrainOptions parsed(const std::vector<std::string>& args) {
+  TrainOptions o;
+  trireme::cli::FlagParser parser("trireme train");
+  trireme::cli::add_train_flags(parser, &o);
+  parser.parse(args);
+  return o;
+}
+
+// The message validate_train_options throws for `args` on `world` ranks ("" if none).
+std::string train_error(const std::vector<std::string>& args, int world = 1) {
+  TrainOptions o = parsed(args);
+  try {
+    trireme::cli::validate_train_options(&o, world);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A plan of dp 2 for a 2-block model (as `trireme plan --evaluate --dp 2` writes).
+trireme::plan::Plan dp2_plan() {
+  trireme::plan::Plan p;
+  p.model.layers = 2;
+  p.global_batch = 8;
+  p.dp = 2;
+  return p;
+}
+
+std::string plan_error(const std::vector<std::string>& args) {
+  TrainOptions o = parsed(args);
+  try {
+    trireme::cli::apply_plan(dp2_plan(), "p.json", &o);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(TrainOptionsTest, AFlagGivenAtItsDefaultStillContradictsAPlan) {
+  // --layers 4 is the default: it was taken as not given, and the plan's 2 layers ran.
+  EXPECT_EQ(plan_error({"--layers", "4"}),
+            "--layers 4 contradicts the plan p.json, which sets 2; drop --layers (the plan fixes the layout, batch "
+            "and model) or plan again");
+  EXPECT_NE(plan_error({"--dp", "0"}).find("--dp 0 contradicts the plan p.json, which sets 2"), std::string::npos);
+  EXPECT_NE(plan_error({"--pp", "1", "--tp", "1", "--batch", "16"}).find("--batch 16 contradicts"), std::string::npos);
+  // The plan's own values, and flags left out, are fine.
+  EXPECT_EQ(plan_error({"--layers", "2", "--dp", "2", "--pp", "1", "--batch", "8"}), "");
+  EXPECT_EQ(plan_error({}), "");
+  // Options built in code (nothing parsed) count a value apart from the default as given.
+  TrainOptions o;
+  o.tp = 2;
+  EXPECT_THROW(trireme::cli::apply_plan(dp2_plan(), "p.json", &o), InvalidArgument);
+}
+
+TEST(TrainOptionsTest, ReplicaBatchesAreCheckedBeforeTheySum) {
+  // Values past 64 bits were saturated by strtoll, and two of 2^62 summed past int64_t.
+  const std::vector<std::string> base = {"--batch", "8", "--dp", "2", "--replica-batches"};
+  auto with = [&](const std::string& batches) {
+    auto args = base;
+    args.push_back(batches);
+    return train_error(args, 2);
+  };
+  EXPECT_EQ(with("99999999999999999999,1"),
+            "--replica-batches 99999999999999999999,1: 99999999999999999999 sequences are more than --batch 8; give "
+            "each replica a share of the batch");
+  EXPECT_NE(with("4611686018427387904,4611686018427387904").find("sequences are more than --batch 8"),
+            std::string::npos);
+  EXPECT_NE(with("9,1").find("9 sequences are more than --batch 8"), std::string::npos);
+  for (const char* bad : {"+6,2", " 6,2", "6, 2"})
+    EXPECT_NE(with(bad).find("is not a positive number of sequences"), std::string::npos) << bad;
+  EXPECT_EQ(with("6,2"), "");
+}
+
+TEST(TrainOptionsTest, EachCountNamesItsOwnFlagAndValue) {
+  EXPECT_EQ(train_error({"--warmup", "-7"}), "--warmup must be >= 0 steps (or -1: a tenth of --steps), got -7");
+  EXPECT_EQ(train_error({"--warmup", "-1"}), "");  // the documented "a tenth of --steps"
+  EXPECT_EQ(train_error({"--log-every", "0"}),
+            "--log-every must be at least 1 (a progress line every N steps), got 0");
+  EXPECT_EQ(train_error({"--bucket-mb", "0"}), "--bucket-mb must be in (0, 1048576] MiB, got 0");
+  EXPECT_EQ(train_error({"--first-bucket-mb", "-1"}), "--first-bucket-mb must be in (0, 1048576] MiB, got -1");
+  EXPECT_EQ(train_error({"--trace-steps", "-1"}), "--trace-steps must be >= 0 (0: no trace), got -1");
+  EXPECT_EQ(train_error({"--sample-tokens", "-1"}), "--sample-tokens must be >= 0 (0: no sample), got -1");
+}
+
+TEST(TrainOptionsTest, FlagsThatWouldBeIgnoredAreRefused) {
+  EXPECT_EQ(train_error({"--keep-checkpoints", "3"}),
+            "--keep-checkpoints applies only with --checkpoint-every N (no checkpoints are written without it); add "
+            "--checkpoint-every or drop --keep-checkpoints");
+  EXPECT_EQ(train_error({"--keep-checkpoints", "3", "--checkpoint-every", "5"}), "");
+  EXPECT_EQ(train_error({"--pp-balance", "time"}),
+            "--pp-balance applies only to a pipeline split by measurement: there is no pipeline (pp 1); drop "
+            "--pp-balance");
+  EXPECT_NE(train_error({"--pp", "2", "--pp-split", "0:3,3:6", "--pp-balance", "params"}, 2)
+                .find("--pp-split gives the split; drop --pp-balance"),
+            std::string::npos);
+  EXPECT_EQ(train_error({"--pp", "2", "--pp-balance", "params"}, 2), "");
+}
+
+TEST(TrainOptionsTest, EmulatedSlowdownRanksAreCheckedInFull) {
+  auto error = [](const std::string& flag, int world) {
+    try {
+      trireme::plan::check_slowdown(flag, world);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // atoi read 4294967297 as 1 (and 2^63 as -1, which passed "rank < world").
+  EXPECT_EQ(error("4294967297:2", 2), "--emulate-slowdown '4294967297:2' names a rank past any job's; name ranks "
+                                      "from 0");
+  EXPECT_NE(error("9223372036854775808:2", 2).find("names a rank past any job's"), std::string::npos);
+  EXPECT_EQ(error("1:2,1:3", 2), "--emulate-slowdown names rank 1 twice; give each rank once");
+  EXPECT_EQ(error("2:2", 2), "--emulate-slowdown names rank 2 but the job has 2 ranks; name ranks 0..1");
+  for (const char* bad : {"-1:2", "+1:2", " 1:2", "1:0x2", "1: 2", "1:+2", "1:", ":2"})
+    EXPECT_NE(error(bad, 2).find("is not RANK:FACTOR"), std::string::npos) << bad;
+  EXPECT_EQ(error("0:1.5,1:2", 2), "");
+  EXPECT_DOUBLE_EQ(trireme::plan::slowdown_of("0:1.5,1:2", 1), 2);
 }

@@ -55,6 +55,9 @@ int checkpoint_main(const std::vector<std::string>& args) {
   if (!latest && skipped.empty() && std::filesystem::is_directory(dir + "/checkpoints"))
     TRIREME_THROW(InvalidArgument, dir, " holds no checkpoint itself: it looks like a run's --out; inspect ", dir,
                   "/checkpoints");
+  if (!latest && skipped.empty())
+    TRIREME_THROW(InvalidArgument, dir, " holds no checkpoint; pass a run's checkpoints/ directory (e.g. "
+                  "runs/mine/checkpoints) or one of its steps");
   if (!latest) TRIREME_THROW(CheckpointCorrupt, "no checkpoint under ", dir, " verifies");
   std::printf("%s  verified: manifest, file lengths and every slice's CRC-32\n", latest->describe().c_str());
   return 0;

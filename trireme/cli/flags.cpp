@@ -1,6 +1,8 @@
 #include "trireme/cli/flags.h"
 
+#include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -10,21 +12,34 @@
 namespace trireme::cli {
 namespace {
 
-int64_t parse_integer(const std::string& flag, const std::string& text) {
+// strtoll and strtod also take leading spaces, '+' and (strtod) hexadecimal: refused, so
+// that a value reads the same to a person as to the parser.
+// Values outside [min, max] are refused naming the range.
+int64_t parse_integer(const std::string& flag, const std::string& text, int64_t min = INT64_MIN,
+                      int64_t max = INT64_MAX) {
+  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-');
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0, "--", flag,
-                " expects an integer, got '", text, "'");
+  const int error = errno;
+  TRIREME_CHECK(plain && end && *end == '\0' && end != text.c_str(), "--", flag, " expects an integer, got '", text,
+                "'");
+  TRIREME_CHECK(error != ERANGE && value >= min && value <= max, "--", flag, " is out of range: ", text,
+                "; give an integer in ", min, "..", max);
   return value;
 }
 
 double parse_real(const std::string& flag, const std::string& text) {
+  const bool plain = !text.empty() && text.find_first_of("xX") == std::string::npos &&
+                     (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '.');
   errno = 0;
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  TRIREME_CHECK(!text.empty() && end && *end == '\0' && errno == 0 && std::isfinite(value), "--", flag,
-                " expects a finite number, got '", text, "'");
+  const int error = errno;
+  TRIREME_CHECK(plain && end && *end == '\0' && end != text.c_str() && (std::isfinite(value) || error == ERANGE),
+                "--", flag, " expects a finite number, got '", text, "'");
+  TRIREME_CHECK(error != ERANGE, "--", flag, " is out of range: ", text,
+                "; give a number of magnitude from 1e-307 to 1e308, or 0");
   return value;
 }
 
@@ -39,11 +54,7 @@ void FlagParser::add(const std::string& name, int64_t* target, std::string help)
 void FlagParser::add(const std::string& name, int* target, std::string help) {
   flags_.push_back({name, std::move(help), false,
                     [name, target](const std::string& v) {
-                      const int64_t value = parse_integer(name, v);
-                      TRIREME_CHECK(value >= INT32_MIN && value <= INT32_MAX, "--", name,
-                                    " is out of range: ", v, "; give an integer in ", INT32_MIN, "..",
-                                    INT32_MAX);
-                      *target = static_cast<int>(value);
+                      *target = static_cast<int>(parse_integer(name, v, INT32_MIN, INT32_MAX));
                     },
                     std::to_string(*target)});
 }
@@ -75,6 +86,7 @@ const FlagParser::Flag* FlagParser::find(const std::string& name) const {
 std::vector<std::string> FlagParser::parse(const std::vector<std::string>& args,
                                            bool allow_unknown) const {
   help_requested_ = false;
+  given_.clear();
   std::vector<std::string> positional;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -107,6 +119,7 @@ std::vector<std::string> FlagParser::parse(const std::vector<std::string>& args,
       TRIREME_THROW(InvalidArgument, "unknown flag --", name, " for '", command_, "'; run '",
                     command_, " --help' for the flags");
     }
+    given_.insert(name);
     if (flag->is_switch) {
       TRIREME_CHECK(!has_value, "--", name, " is a switch and takes no value");
       flag->set("");
@@ -119,8 +132,12 @@ std::vector<std::string> FlagParser::parse(const std::vector<std::string>& args,
                     "; give the value (for one that starts with --, write --", name, "=VALUE)");
       value = args[++i];
     }
+    // (An empty value would read as the flag not given: its default.)
+    TRIREME_CHECK(!value.empty(), "--", name, " needs a value, got an empty one; give --", name,
+                  " VALUE, or leave the flag out for its default");
     flag->set(value);
   }
+  for (std::set<std::string>* sink : given_sinks_) *sink = given_;
   return positional;
 }
 

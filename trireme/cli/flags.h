@@ -7,12 +7,18 @@
 //   --steps expects an integer, got 'ten'
 // A flag given twice takes its last value (a script's base flags, then overrides). A separate
 // VALUE may not start with `--` (that is the next flag, and the value was forgotten);
-// `--name=--x` gives such a value.
+// `--name=--x` gives such a value. An empty value (`--data ''`, `--data=`) is refused: it
+// would read as the flag not given.
+// Numbers are written plainly: an integer starts with a digit or '-', a real with a digit,
+// '-' or '.'; leading spaces, '+' and hexadecimal (0x10) are refused.
 // `--` ends flag parsing; what follows is returned as positional arguments.
+// Which flags a parse saw is kept (given()), so that a flag given at its default value
+// still counts as given: refused where it does not apply, or where a --plan sets it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +44,11 @@ class FlagParser {
 
   // True when the last parse() saw --help / -h.
   bool help_requested() const { return help_requested_; }
+  // True when the last parse() saw --name (whatever its value, the default's too).
+  bool given(const std::string& name) const { return given_.count(name) > 0; }
+  // Each parse() also writes the names of the flags it saw to *names (which must outlive
+  // parsing): for checks made away from the parser, e.g. on an options struct.
+  void record_given(std::set<std::string>* names) { given_sinks_.push_back(names); }
   std::string usage() const;
 
  private:
@@ -53,6 +64,8 @@ class FlagParser {
   std::string command_;
   std::vector<Flag> flags_;
   mutable bool help_requested_ = false;
+  mutable std::set<std::string> given_;
+  std::vector<std::set<std::string>*> given_sinks_;
 };
 
 // Parses "HOST:PORT" (port 0..65535). Throws InvalidArgument naming the flag.

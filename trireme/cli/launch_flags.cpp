@@ -6,16 +6,13 @@
 namespace trireme::cli {
 namespace {
 
-// Workers on one machine: more is a typo, and with --nnodes (below 10^6) it keeps the
-// world size within what a worker reads from WORLD_SIZE (2^30).
-constexpr int kMaxProcPerNode = 1024;
-
 // "N" or "MIN:MAX".
 void parse_nnodes(const std::string& text, launch::LaunchOptions* options) {
   const auto colon = text.find(':');
   const auto number = [&](const std::string& part) {
-    TRIREME_CHECK(!part.empty() && part.find_first_not_of("0123456789") == std::string::npos && part.size() < 7,
+    TRIREME_CHECK(!part.empty() && part.find_first_not_of("0123456789") == std::string::npos,
                   "--nnodes takes N or MIN:MAX (e.g. 2:3), got '", text, "'");
+    TRIREME_CHECK(part.size() < 7, "--nnodes ", text, ": ", part, " nodes is too many; give at most 999999");
     return std::stoi(part);
   };
   if (colon == std::string::npos) {
@@ -33,6 +30,7 @@ void parse_nnodes(const std::string& text, launch::LaunchOptions* options) {
 void add_launch_flags(FlagParser& parser, LaunchFlags* flags, LaunchFlagSet set) {
   launch::LaunchOptions& o = flags->options;
   const bool all = set == LaunchFlagSet::kAll;
+  parser.record_given(&flags->given);
   parser.add("nproc-per-node", &o.nproc_per_node, "workers to start on this node");
   parser.add("nnodes", &flags->nnodes,
              all ? "nodes (agents) in the job: N, or MIN:MAX for an elastic job that goes on while MIN remain "
@@ -83,6 +81,12 @@ launch::LaunchOptions finish_launch_flags(const LaunchFlags& flags,
                 options.nproc_per_node);
   if (flags.standby >= 0) options.standby = flags.standby == 1;
   launch::validate_launch_options(options);
+  // Flags that would be ignored. (Not flags.standby >= 0: trireme train sets its default there.)
+  TRIREME_CHECK(!flags.given.count("standby") || options.max_restarts > 0, "--standby ", flags.standby,
+                " applies only with --max-restarts (it starts a restart's workers ahead of time); add "
+                "--max-restarts N or drop --standby");
+  TRIREME_CHECK(!flags.given.count("redundancy-cpu") || !options.redundancy.empty(),
+                "--redundancy-cpu applies only with --redundancy K+M; add --redundancy or drop --redundancy-cpu");
   return options;
 }
 

@@ -11,6 +11,7 @@
 //   launch::LaunchOptions options = finish_launch_flags(launch_flags, command);
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,12 +20,18 @@
 
 namespace trireme::cli {
 
+// Workers on one machine: more is a typo, and with --nnodes (below 10^6) it keeps the
+// world size within what a worker reads from WORLD_SIZE (2^30). (Also the most ranks
+// `trireme plan --local N` plans for.)
+constexpr int kMaxProcPerNode = 1024;
+
 // What the flags are parsed into: --rdzv stays text until finish_launch_flags.
 struct LaunchFlags {
   launch::LaunchOptions options;
   std::string rdzv;  // HOST:PORT as given; empty when --rdzv was not given
   std::string nnodes;  // N or MIN:MAX as given; empty when --nnodes was not given
   int standby = -1;  // --standby 0|1; -1: the command's default
+  std::set<std::string> given;  // the flags given (FlagParser::record_given)
 };
 
 // Which launcher flags a command takes: all of them, or only where its ranks run (a

@@ -3,13 +3,17 @@
 //   trireme plan --profile profile.json --cluster cluster.json --global-batch 64 --out plan.json
 //   trireme plan --profile profile.json --local 2 --evaluate --pp 2 --schedule zb-h1 --micro-batches 4
 //   trireme plan --profile profile.json --local 2 --measure-top 3 --out plan.json   (cli/plan_trials.h)
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <tuple>
 
 #include "trireme/cli/commands.h"
 #include "trireme/cli/flags.h"
+#include "trireme/cli/launch_flags.h"
 #include "trireme/cli/plan_trials.h"
 #include "trireme/cli/profile_source.h"
 #include "trireme/cli/train_options.h"
@@ -51,6 +55,35 @@ std::string mib(double bytes) {
   return text;
 }
 
+// The flags of --evaluate that need neither the profile nor the cluster, checked as
+// `trireme train` checks them (the cost model's own checks name its fields).
+void check_evaluate_flags(const PlanFlags& f) {
+  TRIREME_CHECK(f.zero >= 0 && f.zero <= 2, "--zero ", f.zero,
+                " is not a ZeRO stage; use 1 (optimizer state sharded), 2 (gradients too) or 0 (off)");
+  TRIREME_CHECK(f.chunks >= 1, "--chunks must be at least 1, got ", f.chunks);
+  if (f.pp != 1) return;
+  TRIREME_CHECK(f.schedule.empty(), "--schedule ", f.schedule,
+                " needs a pipeline: add --pp 2 or more (or drop --schedule)");
+  TRIREME_CHECK(f.chunks == 1, "--chunks ", f.chunks,
+                " needs a pipeline: add --pp 2 or more with --schedule interleaved");
+  TRIREME_CHECK(f.pp_split.empty(), "--pp-split needs a pipeline: add --pp 2 or more");
+}
+
+// --measure-dir is a writable directory or can be made as one: refused before the search
+// rather than after it.
+void check_measure_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path existing = fs::absolute(dir, ec);
+  while (!fs::exists(existing, ec) && existing.has_parent_path() && existing != existing.parent_path())
+    existing = existing.parent_path();
+  const std::string where = existing == fs::absolute(dir, ec) ? "" : ": " + existing.string();
+  TRIREME_CHECK(fs::is_directory(existing, ec), "--measure-dir ", dir, where,
+                " is a file, not a directory; choose another path");
+  TRIREME_CHECK(::access(existing.c_str(), W_OK) == 0, "--measure-dir ", dir, where,
+                " is not writable; choose another path");
+}
+
 plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile, const plan::Cluster& cluster) {
   plan::Layout l;
   const int world = cluster.devices();
@@ -64,12 +97,17 @@ plan::Layout layout_from_flags(const PlanFlags& f, const plan::Profile& profile,
   // (In 64 bits: tp x pp is at most the cluster's devices, an int, and so is dp.)
   TRIREME_CHECK(l.dp >= 1 && int64_t{l.dp} * l.tp * l.pp == world, "--dp ", l.dp, " x --tp ", l.tp, " x --pp ",
                 l.pp, " does not make the cluster's ", world, " devices; choose sizes whose product is ", world);
+  TRIREME_CHECK(f.zero == 0 || l.dp >= 2, "--zero ", f.zero,
+                " shards over the data-parallel group, which has 1 rank here; use --dp 2 or more, or drop --zero");
   l.chunks = f.chunks;
   l.zero = f.zero;
   TRIREME_CHECK(f.micro_batches >= 1 && f.micro_batches <= plan::kMaxGlobalBatch && f.global_batch >= 1,
                 "--micro-batches and --global-batch must be at least 1 (and --micro-batches at most ",
                 plan::kMaxGlobalBatch, ")");
   l.micro_batches = static_cast<int>(f.micro_batches);
+  if (l.pp > 1)  // names --schedule, --chunks and --micro-batches
+    pipeline::validate({pipeline::parse_schedule(f.schedule.empty() ? "1f1b" : f.schedule), l.pp, l.micro_batches,
+                        l.chunks});
   if (!f.replica_batches.empty()) {
     // The runtime's rules and errors for --replica-batches.
     TrainOptions train;
@@ -225,8 +263,10 @@ int plan_main(const std::vector<std::string>& args) {
     std::fputs(parser.usage().c_str(), stdout);
     return 0;
   }
-  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme plan'");
-  TRIREME_CHECK(f.cluster.empty() != (f.local == 0),
+  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme plan'; see trireme plan --help");
+  TRIREME_CHECK(!parser.given("local") || (f.local >= 1 && f.local <= kMaxProcPerNode), "--local must be in 1..",
+                kMaxProcPerNode, " (ranks of this machine, as trireme train --nproc-per-node), got ", f.local);
+  TRIREME_CHECK(f.cluster.empty() != !parser.given("local"),
                 "give exactly one of --cluster FILE and --local N (N ranks of this machine)");
   TRIREME_CHECK(f.runners_up >= 0, "--runners-up must be >= 0");
   TRIREME_CHECK(f.global_batch >= 1 && f.global_batch <= plan::kMaxGlobalBatch, "--global-batch must be from 1 to ",
@@ -234,6 +274,32 @@ int plan_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(f.trials.candidates >= 0, "--measure-top must be >= 0 (0: choose by the cost model alone)");
   TRIREME_CHECK(f.trials.candidates == 0 || !f.evaluate,
                 "--measure-top chooses among searched layouts; it does not combine with --evaluate");
+  // A flag outside its mode would be ignored: refused (given at its default value too).
+  if (!f.evaluate) {
+    for (const char* flag : {"dp", "tp", "pp", "schedule", "chunks", "micro-batches", "zero", "pp-split",
+                             "replica-batches"})
+      TRIREME_CHECK(!parser.given(flag), "--", flag, " applies only with --evaluate; add --evaluate or drop --", flag);
+  } else {
+    for (const char* flag : {"symmetric", "compare-symmetric", "runners-up"})
+      TRIREME_CHECK(!parser.given(flag), "--", flag, " applies only to a search, not to --evaluate; drop --", flag,
+                    " or --evaluate");
+    check_evaluate_flags(f);
+  }
+  if (f.trials.candidates == 0) {
+    for (const char* flag : {"measure-steps", "measure-rounds", "measure-dir"})
+      TRIREME_CHECK(!parser.given(flag), "--", flag, " applies only with --measure-top K; add --measure-top or drop --",
+                    flag);
+  } else {
+    // (Checked again by the trials, which come after the search has printed.)
+    TRIREME_CHECK(f.trials.steps > 2, "--measure-steps must be more than 2 (the first 2 steps of a trial run are "
+                  "not counted), got ", f.trials.steps);
+    TRIREME_CHECK(f.trials.rounds >= 1, "--measure-rounds must be at least 1, got ", f.trials.rounds);
+    if (!f.trials.dir.empty()) check_measure_dir(f.trials.dir);
+  }
+  // (load_profile sees values only: a model flag given at its default would pass there.)
+  for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
+    TRIREME_CHECK(f.source.file.empty() || !parser.given(flag), "--", flag, " applies only with --analytic; --profile ",
+                  f.source.file, " holds the times of its own model (drop --", flag, ")");
   const plan::Profile profile = load_profile(f.source);
   const plan::Cluster cluster = f.cluster.empty() ? plan::local_cluster(f.local) : plan::read_cluster(f.cluster);
   if (f.trials.candidates > 0) check_measurable(cluster);

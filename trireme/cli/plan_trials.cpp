@@ -97,8 +97,8 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
                                             const plan::Profile& profile, const plan::Cluster& cluster,
                                             const TrialOptions& options) {
   TRIREME_CHECK(options.steps > kStartupSteps, "--measure-steps must be more than ", kStartupSteps,
-                " (the first ", kStartupSteps, " steps of a run are not counted)");
-  TRIREME_CHECK(options.rounds >= 1, "--measure-rounds must be at least 1");
+                " (the first ", kStartupSteps, " steps of a trial run are not counted), got ", options.steps);
+  TRIREME_CHECK(options.rounds >= 1, "--measure-rounds must be at least 1, got ", options.rounds);
   check_measurable(cluster);
   const std::string self = self_executable();
   std::string dir = options.dir;
@@ -110,7 +110,9 @@ std::vector<TrialResult> measure_candidates(const std::vector<plan::Candidate>& 
     dir = pattern;
   }
   const RemoveOnExit cleanup{temporary ? dir : std::string()};
-  std::filesystem::create_directories(dir);
+  std::error_code made;
+  std::filesystem::create_directories(dir, made);
+  TRIREME_CHECK(!made, "--measure-dir ", dir, " cannot be made: ", made.message(), "; choose another path");
   std::vector<TrialResult> results(candidates.size());
   std::vector<std::string> plans;
   for (size_t i = 0; i < candidates.size(); ++i) {

@@ -85,7 +85,8 @@ void add_profile_command_flags(FlagParser& p, ProfileOptions* o) {
 
 std::vector<int64_t> parse_micro_batches(const std::string& text) {
   const std::string hint =
-      "--micro-batch-sizes takes positive integers separated by commas (e.g. 1,2,4,8), got '" + text + "'";
+      "--micro-batch-sizes takes positive integers up to 999999 separated by commas (e.g. 1,2,4,8), got '" + text +
+      "'";
   std::vector<int64_t> sizes;
   std::stringstream in(text);
   std::string item;

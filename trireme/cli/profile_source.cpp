@@ -23,9 +23,9 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
 plan::Profile load_profile(const ProfileSource& s) {
   TRIREME_CHECK(s.file.empty() != s.analytic.empty(),
                 "give one of --profile FILE (make one with trireme profile gpt --out profile.json) and --analytic DEVICE");
-  // A flag that does not apply is refused rather than ignored. FlagParser does not say which
-  // flags were given, so one counts as given when its value is not the default (as
-  // train's check_plan_keeps does): one given at its default value goes unnoticed.
+  // A flag that does not apply is refused rather than ignored. Here one counts as given when
+  // its value is not the default; the commands refuse one given at its default value too
+  // (FlagParser::given), before they load the profile.
   const ProfileSource defaults;
   if (!s.file.empty()) {
     plan::Profile profile = plan::read_profile(s.file);

@@ -55,8 +55,12 @@ struct ReportOptions {
   std::string out;  // the picture; "" for RUN_DIR/pipeline.svg
 };
 
-// The fix named in every message about a run directory's files.
+// The fix named in every message about a run directory's files. `trireme train` refuses an
+// --out that holds an earlier run (its metrics or layout): then another --out.
 std::string rerun_hint(const std::string& dir) {
+  for (const char* file : {"metrics.jsonl", "run.json"})
+    if (std::filesystem::exists(std::filesystem::path(dir) / file))
+      return "train again with another --out (or remove " + dir + " first)";
   return "run `trireme train gpt ... --out " + dir + "` to write it";
 }
 
@@ -104,7 +108,7 @@ class Fields {
 
 RunLayout read_layout(const std::string& dir) {
   const auto path = std::filesystem::path(dir) / "run.json";
-  const std::string file = path.string(), hint = rerun_hint(dir) + " again";
+  const std::string file = path.string(), hint = rerun_hint(dir);
   const json root = json::parse(read_file(path, dir), nullptr, /*allow_exceptions=*/false);
   TRIREME_CHECK(!root.is_discarded(), file, " is not valid JSON; ", hint);
   TRIREME_CHECK(root.is_object(), file, " is not a JSON object; ", hint);
@@ -127,7 +131,7 @@ RunLayout read_layout(const std::string& dir) {
   TRIREME_CHECK(!(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
                   steps[0].get<int64_t>() == steps[1].get<int64_t>() + 1),
                 file, ": the run traced no steps (--trace-steps 0, or it resumed after the traced ones); train "
-                "again with --trace-steps N (N >= 1) to draw its schedule");
+                "again with --trace-steps N (N >= 1) and another --out to draw its schedule");
   TRIREME_CHECK(steps.size() == 2 && steps[0].is_number_integer() && steps[1].is_number_integer() &&
                     steps[0].get<int64_t>() >= 1 && steps[0].get<int64_t>() <= steps[1].get<int64_t>() &&
                     steps[1].get<int64_t>() <= std::numeric_limits<int>::max(),
@@ -163,10 +167,10 @@ obs::RankEvents read_timeline(const std::string& dir, size_t world) {
     ranks = obs::parse_ranks(read_file(path, dir));
   } catch (const InvalidArgument& e) {
     if (!std::filesystem::is_regular_file(path)) throw;
-    TRIREME_THROW(InvalidArgument, path.string(), ": ", e.what(), "; ", rerun_hint(dir), " again");
+    TRIREME_THROW(InvalidArgument, path.string(), ": ", e.what(), "; ", rerun_hint(dir));
   }
   TRIREME_CHECK(ranks.size() == world, path.string(), " holds ", ranks.size(),
-                " ranks but run.json lists ", world, "; ", rerun_hint(dir), " again");
+                " ranks but run.json lists ", world, "; ", rerun_hint(dir));
   return ranks;
 }
 
@@ -178,7 +182,7 @@ std::vector<int> stage_ranks(const RunLayout& layout, int replica, const std::st
   for (int stage = 0; stage < layout.pp; ++stage)
     TRIREME_CHECK(ranks[stage] >= 0, (std::filesystem::path(dir) / "run.json").string(),
                   ": \"ranks\" has no rank for stage ", stage, " of replica ", replica, "; ",
-                  rerun_hint(dir), " again");
+                  rerun_hint(dir));
   return ranks;
 }
 
@@ -284,7 +288,8 @@ ReportOptions parse_options(const std::vector<std::string>& args, bool* help) {
   }
   TRIREME_CHECK(!rest.empty(), "missing RUN_DIR: trireme report RUN_DIR (the --out of a "
                                "`trireme train gpt` run)");
-  TRIREME_CHECK(rest.size() == 1, "unexpected argument '", rest[1], "' for 'trireme report'");
+  TRIREME_CHECK(rest.size() == 1, "unexpected argument '", rest[1], "' for 'trireme report'; see trireme report "
+                "--help");
   opt.dir = rest[0];
   return opt;
 }
@@ -346,11 +351,11 @@ int report_main(const std::vector<std::string>& args) {
     stats = pipeline::measure_pipeline(rows);
   } catch (const InvalidArgument& e) {
     TRIREME_THROW(InvalidArgument, (std::filesystem::path(opt.dir) / "timeline.tsv").string(),
-                  ": ", e.what(), "; ", rerun_hint(opt.dir), " again");
+                  ": ", e.what(), "; ", rerun_hint(opt.dir));
   }
   TRIREME_CHECK(!stats.steps.empty(), opt.dir, "/timeline.tsv has no pipeline events for ",
                 steps_text(first, last), " on the ranks of replica ", opt.replica, "; ",
-                rerun_hint(opt.dir), " again");
+                rerun_hint(opt.dir));
   const std::string schedule =
       std::string(pipeline::schedule_name(spec.kind)) + ", " +
       std::to_string(spec.micro_batches) + " micro-batches" +

@@ -22,10 +22,13 @@ int schedule_main(const std::vector<std::string>& args) {
   parser.add("out", &out, "write the schedule as an SVG picture to this file");
   const auto rest = parser.parse(args);
   if (parser.help_requested()) {
+    std::fputs("usage: trireme schedule [--schedule S] [--pp N] [--micro-batches M] [--chunks V] [--out FILE]\n",
+               stdout);
     std::fputs(parser.usage().c_str(), stdout);
     return 0;
   }
-  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme schedule'");
+  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme schedule'; see trireme schedule "
+                "--help");
   const pipeline::ScheduleSpec spec{pipeline::parse_schedule(schedule), pp, micro_batches, chunks};
   pipeline::validate(spec);
   std::fputs(pipeline::schedule_table(spec).c_str(), stdout);

@@ -23,6 +23,8 @@
 namespace trireme::cli {
 namespace {
 
+constexpr double kMaxHours = 87660;  // ten years: the longest trace plan::synthetic_trace makes
+
 struct SimulateFlags {
   ProfileSource source;
   std::string plan, cluster, trace, trace_format = "auto", out;
@@ -74,14 +76,27 @@ int simulate_main(const std::vector<std::string>& args) {
   parser.add("out", &f.out, "draw live machines and useful samples over time (SVG)");
   const auto rest = parser.parse(args);
   if (parser.help_requested()) {
+    std::fputs("usage: trireme simulate --plan plan.json --cluster spot.json (--profile profile.json | --analytic "
+               "DEVICE ...)\n"
+               "                        [--trace FILE [--trace-format F] | --hours H --seed S --replacement-s R]\n"
+               "                        [--out spot.svg]\n",
+               stdout);
     std::fputs(parser.usage().c_str(), stdout);
     return 0;
   }
-  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme simulate'");
+  TRIREME_CHECK(rest.empty(), "unexpected argument '", rest.front(), "' for 'trireme simulate'; see trireme "
+                "simulate --help");
   TRIREME_CHECK(!f.plan.empty() && !f.cluster.empty(),
                 "--plan and --cluster are required (and the plan's --profile or --analytic source)");
-  TRIREME_CHECK(f.storage_gbps > 0 && f.hours > 0 && f.replacement_s > 0,
-                "--storage-gbps, --hours and --replacement-s must be positive");
+  // (load_profile sees values only: a model flag given at its default would pass there.)
+  for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
+    TRIREME_CHECK(f.source.file.empty() || !parser.given(flag), "--", flag, " applies only with --analytic; --profile ",
+                  f.source.file, " holds the times of its own model (drop --", flag, ")");
+  TRIREME_CHECK(f.storage_gbps > 0, "--storage-gbps must be positive (Gb/s per machine), got ", f.storage_gbps);
+  TRIREME_CHECK(f.hours > 0 && f.hours <= kMaxHours, "--hours must be more than 0 and at most ", kMaxHours,
+                " (ten years), got ", f.hours);
+  TRIREME_CHECK(f.replacement_s > 0, "--replacement-s must be positive (seconds), got ", f.replacement_s);
+  TRIREME_CHECK(f.seed >= 0, "--seed must be >= 0, got ", f.seed);
   // The replay's own checks name its fields; these name the flags, before anything runs.
   TRIREME_CHECK(r.checkpoint_every_s > 0, "--checkpoint-every-s must be positive (seconds of training between "
                 "disk checkpoints), got ", r.checkpoint_every_s);
@@ -104,6 +119,13 @@ int simulate_main(const std::vector<std::string>& args) {
   const plan::MachineGroup& g = cluster.groups[0];
   plan::Availability trace;
   const std::string trace_path = !f.trace.empty() ? f.trace : g.trace;
+  // The flags of the trace not used would be ignored: refused. (Not against a cluster's own
+  // trace: scripts give --hours for every cluster, bench/spot_replay among them.)
+  for (const char* flag : {"hours", "seed", "replacement-s"})
+    TRIREME_CHECK(f.trace.empty() || !parser.given(flag), "--", flag, " shapes a synthetic trace, but --trace ",
+                  f.trace, " is given; drop --", flag);
+  TRIREME_CHECK(!trace_path.empty() || !parser.given("trace-format"), "--trace-format applies only to a trace file, "
+                "and neither --trace nor ", f.cluster, " gives one; add --trace FILE or drop --trace-format");
   if (!trace_path.empty()) {
     trace = plan::read_trace(trace_path, f.trace_format);
   } else {

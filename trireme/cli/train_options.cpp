@@ -1,6 +1,8 @@
 #include "trireme/cli/train_options.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <sstream>
 
@@ -21,6 +23,7 @@ void add_model_flags(FlagParser& p, models::GptConfig* model) {
 }
 
 void add_train_flags(FlagParser& p, TrainOptions* o) {
+  p.record_given(&o->given);
   add_model_flags(p, &o->model);
   p.add("steps", &o->steps, "optimizer steps");
   p.add("batch", &o->batch, "global batch in sequences, split across data-parallel ranks");
@@ -81,6 +84,11 @@ namespace {
 void validate_pipeline_options(TrainOptions* o) {
   TRIREME_CHECK(o->pp_balance == "time" || o->pp_balance == "params", "--pp-balance ",
                 o->pp_balance, " is not known; use time or params");
+  // (--plan sets --pp-split: the plan's own balance.)
+  TRIREME_CHECK(!o->given.count("pp-balance") || (o->pp > 1 && o->pp_split.empty()), "--pp-balance applies only "
+                "to a pipeline split by measurement: ", o->pp == 1 ? "there is no pipeline (pp 1)"
+                : !o->plan.empty() ? "--plan " + o->plan + " gives the split" : "--pp-split gives the split",
+                "; drop --pp-balance");
   if (o->pp == 1) {
     TRIREME_CHECK(o->schedule.empty(), "--schedule ", o->schedule,
                   " needs a pipeline: add --pp 2 or more (or drop --schedule)");
@@ -127,9 +135,14 @@ void validate_replica_batches(TrainOptions* o, const char* batch_flag) {
     TRIREME_CHECK(!item.empty(), "--replica-batches ", o->replica_batches,
                   " has an empty item (a stray comma); give one count per replica, e.g. 12,4");
     char* end = nullptr;
+    errno = 0;
     const long long value = std::strtoll(item.c_str(), &end, 10);
-    TRIREME_CHECK(*end == '\0' && value >= 1, "--replica-batches ", o->replica_batches,
-                  ": '", item, "' is not a positive number of sequences; write e.g. 12,4");
+    TRIREME_CHECK(std::isdigit(static_cast<unsigned char>(item[0])) && *end == '\0' && value >= 1,
+                  "--replica-batches ", o->replica_batches, ": '", item,
+                  "' is not a positive number of sequences; write e.g. 12,4");
+    // (Each at most the batch: their sum is then at most dp x batch, far inside 64 bits.)
+    TRIREME_CHECK(errno != ERANGE && value <= o->batch, "--replica-batches ", o->replica_batches, ": ", item,
+                  " sequences are more than ", batch_flag, " ", o->batch, "; give each replica a share of the batch");
     o->replica_batch_sizes.push_back(value);
     if (comma == std::string::npos) break;
     begin = comma + 1;
@@ -164,12 +177,13 @@ ReplicaShare replica_share(const TrainOptions& o, int replica) {
 namespace {
 
 // A layout or model flag given on the command line that the plan sets otherwise would be
-// silently replaced: refused instead. A flag left at its default, or equal to the plan's
-// value, is fine (so applying a plan twice is too).
+// silently replaced: refused instead. A flag given with the plan's value is fine (so is
+// applying a plan twice). A flag counts as given when the parser saw it, at its default
+// value too, or when it is set apart from its default (options built in code).
 template <class T>
-void check_plan_keeps(const char* flag, const T& given, const T& default_value, const T& planned,
-                      const std::string& origin) {
-  if (given == default_value || given == planned) return;
+void check_plan_keeps(const TrainOptions& o, const char* flag, const T& given, const T& default_value,
+                      const T& planned, const std::string& origin) {
+  if ((!o.given.count(flag) && given == default_value) || given == planned) return;
   std::ostringstream text;
   text << "--" << flag << " " << given << " contradicts the plan " << origin << ", which sets " << planned
        << "; drop --" << flag << " (the plan fixes the layout, batch and model) or plan again";
@@ -185,21 +199,21 @@ void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o)
   for (int b : p.replica_micro_batch_sizes)
     planned_replicas += (planned_replicas.empty() ? "" : ",") + std::to_string(int64_t{b} * p.micro_batches);
   const TrainOptions d;
-  check_plan_keeps<int64_t>("seq", o->model.seq_len, d.model.seq_len, p.model.seq_len, origin);
-  check_plan_keeps<int64_t>("layers", o->model.layers, d.model.layers, p.model.layers, origin);
-  check_plan_keeps<int64_t>("dim", o->model.dim, d.model.dim, p.model.dim, origin);
-  check_plan_keeps<int64_t>("heads", o->model.heads, d.model.heads, p.model.heads, origin);
-  check_plan_keeps<int64_t>("batch", o->batch, d.batch, p.global_batch, origin);
-  check_plan_keeps<int64_t>("micro-batches", o->micro_batches, d.micro_batches, p.micro_batches, origin);
-  check_plan_keeps<int>("dp", o->dp, d.dp, p.dp, origin);
-  check_plan_keeps<int>("tp", o->tp, d.tp, p.tp, origin);
-  check_plan_keeps<int>("pp", o->pp, d.pp, p.pp, origin);
-  check_plan_keeps<int>("chunks", o->chunks, d.chunks, p.chunks, origin);
-  check_plan_keeps<int>("zero", o->zero, d.zero, p.zero, origin);
-  check_plan_keeps<std::string>("schedule", o->schedule, d.schedule, p.schedule, origin);
-  check_plan_keeps<std::string>("pp-split", o->pp_split, d.pp_split, p.pp_split, origin);
-  check_plan_keeps<std::string>("mesh-order", o->mesh_order, d.mesh_order, "tp-dp-pp", origin);
-  check_plan_keeps<std::string>("replica-batches", o->replica_batches, d.replica_batches, planned_replicas, origin);
+  check_plan_keeps<int64_t>(*o, "seq", o->model.seq_len, d.model.seq_len, p.model.seq_len, origin);
+  check_plan_keeps<int64_t>(*o, "layers", o->model.layers, d.model.layers, p.model.layers, origin);
+  check_plan_keeps<int64_t>(*o, "dim", o->model.dim, d.model.dim, p.model.dim, origin);
+  check_plan_keeps<int64_t>(*o, "heads", o->model.heads, d.model.heads, p.model.heads, origin);
+  check_plan_keeps<int64_t>(*o, "batch", o->batch, d.batch, p.global_batch, origin);
+  check_plan_keeps<int64_t>(*o, "micro-batches", o->micro_batches, d.micro_batches, p.micro_batches, origin);
+  check_plan_keeps<int>(*o, "dp", o->dp, d.dp, p.dp, origin);
+  check_plan_keeps<int>(*o, "tp", o->tp, d.tp, p.tp, origin);
+  check_plan_keeps<int>(*o, "pp", o->pp, d.pp, p.pp, origin);
+  check_plan_keeps<int>(*o, "chunks", o->chunks, d.chunks, p.chunks, origin);
+  check_plan_keeps<int>(*o, "zero", o->zero, d.zero, p.zero, origin);
+  check_plan_keeps<std::string>(*o, "schedule", o->schedule, d.schedule, p.schedule, origin);
+  check_plan_keeps<std::string>(*o, "pp-split", o->pp_split, d.pp_split, p.pp_split, origin);
+  check_plan_keeps<std::string>(*o, "mesh-order", o->mesh_order, d.mesh_order, "tp-dp-pp", origin);
+  check_plan_keeps<std::string>(*o, "replica-batches", o->replica_batches, d.replica_batches, planned_replicas, origin);
   o->model.vocab = p.model.vocab;
   o->model.seq_len = p.model.seq_len;
   o->model.layers = p.model.layers;
@@ -223,7 +237,14 @@ void apply_plan(const plan::Plan& p, const std::string& origin, TrainOptions* o)
 
 void validate_train_options(TrainOptions* o, int world_size) {
   // --plan: the plan's layout replaces the layout flags (idempotent: every rank applies it).
-  if (!o->plan.empty()) apply_plan(plan::read_plan(o->plan), o->plan, o);
+  if (!o->plan.empty()) {
+    const plan::Plan p = plan::read_plan(o->plan);
+    apply_plan(p, o->plan, o);
+    // (Before the layout's checks, which would name --dp and --pp the plan set.)
+    TRIREME_CHECK(p.world() == world_size, "the plan ", o->plan, " runs on ", p.world(), " ranks but the job has ",
+                  world_size, " processes; give --nproc-per-node ", p.world(),
+                  " (with --nnodes K: --nproc-per-node x K = ", p.world(), ")");
+  }
   o->model.validate();
   TRIREME_CHECK(o->device == "cpu" || o->device == "cuda", "--device ", o->device,
                 " is not known; use cpu or cuda");
@@ -267,12 +288,16 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 " is not a ZeRO stage; use 1 (optimizer state sharded), 2 (gradients too) or 0 (off)");
   TRIREME_CHECK(o->zero == 0 || o->dp >= 2, "--zero ", o->zero,
                 " shards over the data-parallel group, which has 1 rank here; use --dp 2 or more, or drop --zero");
-  TRIREME_CHECK(o->bucket_mb > 0 && o->first_bucket_mb > 0 && o->bucket_mb <= 1 << 20 &&
-                    o->first_bucket_mb <= 1 << 20,
-                "--bucket-mb and --first-bucket-mb must be in (0, 1048576] MiB");
-  TRIREME_CHECK(o->trace_steps >= 0 && o->sample_tokens >= 0 && o->log_every >= 1,
-                "--trace-steps and --sample-tokens must be >= 0, --log-every >= 1");
+  TRIREME_CHECK(o->bucket_mb > 0 && o->bucket_mb <= 1 << 20, "--bucket-mb must be in (0, 1048576] MiB, got ",
+                o->bucket_mb);
+  TRIREME_CHECK(o->first_bucket_mb > 0 && o->first_bucket_mb <= 1 << 20,
+                "--first-bucket-mb must be in (0, 1048576] MiB, got ", o->first_bucket_mb);
+  TRIREME_CHECK(o->trace_steps >= 0, "--trace-steps must be >= 0 (0: no trace), got ", o->trace_steps);
+  TRIREME_CHECK(o->sample_tokens >= 0, "--sample-tokens must be >= 0 (0: no sample), got ", o->sample_tokens);
+  TRIREME_CHECK(o->log_every >= 1, "--log-every must be at least 1 (a progress line every N steps), got ",
+                o->log_every);
   o->trace_steps = std::min(o->trace_steps, o->steps);  // (all of them: a larger count overflowed)
+  TRIREME_CHECK(o->warmup >= -1, "--warmup must be >= 0 steps (or -1: a tenth of --steps), got ", o->warmup);
   if (o->warmup < 0) o->warmup = o->steps / 10;
   optim::LrSchedule{o->lr, o->min_lr, o->warmup, o->steps}.validate();
   TRIREME_CHECK(o->weight_decay >= 0, "--weight-decay must be >= 0");
@@ -281,6 +306,9 @@ void validate_train_options(TrainOptions* o, int world_size) {
                 o->checkpoint_every);
   TRIREME_CHECK(o->keep_checkpoints >= 1 && o->keep_checkpoints <= (1 << 20),
                 "--keep-checkpoints must be in [1, 1048576], got ", o->keep_checkpoints);
+  TRIREME_CHECK(!o->given.count("keep-checkpoints") || o->checkpoint_every > 0, "--keep-checkpoints applies only "
+                "with --checkpoint-every N (no checkpoints are written without it); add --checkpoint-every or drop "
+                "--keep-checkpoints");
   TRIREME_CHECK(o->snapshot_every >= -1, "--snapshot-every must be >= 0 (0: no snapshots), got ",
                 o->snapshot_every);
   TRIREME_CHECK(o->snapshot_share >= -1 && o->snapshot_share <= 1,

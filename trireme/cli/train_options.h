@@ -3,6 +3,7 @@
 // which parse the same argument list.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ struct TrainOptions {
   std::string emulate_slowdown;  // "RANK:FACTOR,...": compute of those ranks slowed (emulation)
   double predicted_step_s = 0;   // from --plan: printed next to the measured step time
   bool quiet = false;
+  // The flags given on the command line (FlagParser::record_given): a flag given at its
+  // default value counts, where a --plan sets it or where it would be ignored.
+  std::set<std::string> given;
 };
 
 // The slice of the global batch that data-parallel replica `replica` takes each step:
@@ -76,7 +80,9 @@ void add_model_flags(FlagParser& parser, models::GptConfig* model);
 void add_train_flags(FlagParser& parser, TrainOptions* options);
 
 // The layout, global batch and model shape of a plan (and its emulated slowdowns unless
-// --emulate-slowdown is given); `origin` names the plan in errors.
+// --emulate-slowdown is given); `origin` names the plan in errors. A layout or model flag
+// given (options->given, or set apart from its default) with another value than the
+// plan's is refused.
 void apply_plan(const plan::Plan& plan, const std::string& origin, TrainOptions* options);
 
 // Parses and checks --replica-batches against --batch, --dp and --micro-batches, filling

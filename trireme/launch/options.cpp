@@ -60,9 +60,9 @@ void validate_launch_options(const LaunchOptions& o) {
     ft::RedundancyPlan::make(o.nnodes, k, m);  // throws naming --redundancy when too few machines
     TRIREME_CHECK(o.max_restarts > 0, "--redundancy ", o.redundancy,
                   " protects snapshots for restarts; give --max-restarts N (N >= 1)");
-    TRIREME_CHECK(o.redundancy_cpu >= 0 && o.redundancy_cpu <= 1, "--redundancy-cpu must be in [0, 1] (a share of "
-                  "one core; 0: no limit), got ", o.redundancy_cpu);
   }
+  TRIREME_CHECK(o.redundancy_cpu >= 0 && o.redundancy_cpu <= 1, "--redundancy-cpu must be in [0, 1] (a share of "
+                "one core; 0: no limit), got ", o.redundancy_cpu);
   for (const auto& [key, value] : o.extra_env)
     TRIREME_CHECK(!key.empty() && key.find('=') == std::string::npos,
                   "bad environment variable name '", key, "'");

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -247,11 +249,15 @@ std::string slowdown_flag(const Plan& plan) {
 void check_slowdown(const std::string& flag, int world_size) {
   std::stringstream items(flag);
   std::string item;
+  std::vector<long> named;
   while (std::getline(items, item, ',')) {
-    const int rank = std::atoi(item.c_str());
-    slowdown_of(item, rank);  // the item's own syntax
+    slowdown_of(item, -1);  // the item's own syntax (no rank is -1)
+    const long rank = std::strtol(item.c_str(), nullptr, 10);  // digits that fit, checked there
     TRIREME_CHECK(rank < world_size, "--emulate-slowdown names rank ", rank, " but the job has ", world_size,
                   " ranks; name ranks 0..", world_size - 1);
+    TRIREME_CHECK(std::find(named.begin(), named.end(), rank) == named.end(), "--emulate-slowdown names rank ", rank,
+                  " twice; give each rank once");
+    named.push_back(rank);
   }
 }
 
@@ -261,13 +267,21 @@ double slowdown_of(const std::string& flag, int rank) {
   std::string item;
   while (std::getline(items, item, ',')) {
     const auto colon = item.find(':');
+    // Plain decimal: strtol and strtod also take spaces, '+', and (strtod) hexadecimal.
+    const bool plain = colon != std::string::npos && colon > 0 && colon + 1 < item.size() &&
+                       item.find_first_not_of("0123456789") == colon &&
+                       (std::isdigit(static_cast<unsigned char>(item[colon + 1])) || item[colon + 1] == '.') &&
+                       item.find_first_of("xX") == std::string::npos;
     char* end = nullptr;
     char* factor_end = nullptr;
-    const long r = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
-    const double f = colon == std::string::npos ? 0 : std::strtod(item.c_str() + colon + 1, &factor_end);
-    TRIREME_CHECK(colon != std::string::npos && end == item.c_str() + colon && r >= 0 && std::isfinite(f) &&
-                      f >= 1 && f <= 1000 && factor_end == item.c_str() + item.size(),
+    errno = 0;
+    const long r = plain ? std::strtol(item.c_str(), &end, 10) : -1;
+    const bool rank_fits = errno != ERANGE && r <= std::numeric_limits<int>::max();
+    const double f = plain ? std::strtod(item.c_str() + colon + 1, &factor_end) : 0;
+    TRIREME_CHECK(plain && end == item.c_str() + colon && r >= 0 && std::isfinite(f) && f >= 1 && f <= 1000 &&
+                      factor_end == item.c_str() + item.size(),
                   "--emulate-slowdown '", item, "' is not RANK:FACTOR with 1 <= FACTOR <= 1000, e.g. 1:2.5");
+    TRIREME_CHECK(rank_fits, "--emulate-slowdown '", item, "' names a rank past any job's; name ranks from 0");
     if (r == rank) factor = f;
   }
   return factor;
