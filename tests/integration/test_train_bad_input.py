@@ -192,13 +192,19 @@ class TrainBadInput(unittest.TestCase):
         self.refuse(["--nproc-per-node", "2", "--zero", "1", "--snapshot-share", "1"] + SMALL,
                     "already splits; drop --snapshot-share or --zero")
 
-    def test_layout_flags_contradicting_a_plan(self):
-        # A plan fixes layout, batch and model; a flag that says otherwise was silently
-        # replaced by the plan's value. Flags equal to the plan's are fine.
+    @staticmethod
+    def small_plan():
+        """A folder of its own and the plan in it: dp 2 of a 2-layer model, global batch 8."""
         work = temp_dir()
         plan = os.path.join(work, "p.json")
         run(["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
              "--seq", "32", "--evaluate", "--dp", "2", "--global-batch", "8", "--out", plan])
+        return work, plan
+
+    def test_layout_flags_contradicting_a_plan(self):
+        # A plan fixes layout, batch and model; a flag that says otherwise was silently
+        # replaced by the plan's value. Flags equal to the plan's are fine.
+        work, plan = self.small_plan()
         self.refuse(["--nproc-per-node", "2", "--plan", plan, "--dp", "1"],
                     f"--dp 1 contradicts the plan {plan}, which sets 2; drop --dp")
         self.refuse(["--nproc-per-node", "2", "--plan", plan, "--layers", "3"],
@@ -213,10 +219,7 @@ class TrainBadInput(unittest.TestCase):
         # --layers 4 and --pp 1 are the defaults: they were taken as not given and the plan's
         # values ran instead. A world other than the plan's named --dp and --pp, which the
         # user did not give.
-        work = temp_dir()
-        plan = os.path.join(work, "p.json")
-        run(["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
-             "--seq", "32", "--evaluate", "--dp", "2", "--global-batch", "8", "--out", plan])
+        _, plan = self.small_plan()
         self.refuse(["--nproc-per-node", "2", "--plan", plan, "--layers", "4"],
                     f"--layers 4 contradicts the plan {plan}, which sets 2; drop --layers")
         self.refuse(["--nproc-per-node", "2", "--plan", plan, "--dp", "0"], f"--dp 0 contradicts the plan {plan}")
