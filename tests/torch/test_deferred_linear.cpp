@@ -187,3 +187,24 @@ TEST(WeightGradQueue, AWeightUsedTwiceIsReportedOnceAfterItsLastUse) {
   queue.run_all([&](const at::Tensor& p) { log.push_back(p.is_same(shared) ? "shared" : "other"); });
   EXPECT_EQ(log, (std::vector<std::string>{"work 1", "other", "work 2", "shared"}));
 }
+
+TEST(DeferredLinear, QueuedWorkKeepsNoAutogradHistoryAlive) {
+  // W needs the values of the linear's input and output gradient, not their graph: work
+  // that kept the input's history would keep everything behind it (on a pipeline stage the
+  // received activation and its gradient) alive until W.
+  at::manual_seed(3);
+  at::Tensor leaf = at::randn({2, 5, 4}).requires_grad_(true);
+  const at::Tensor w = at::randn({3, 4}).requires_grad_(true), b = at::randn({3}).requires_grad_(true);
+  const c10::weak_intrusive_ptr<c10::TensorImpl> leaf_impl(leaf.getIntrusivePtr());
+  WeightGradQueue queue;
+  {
+    DeferWeightGrads defer(queue);
+    const at::Tensor h = at::relu(leaf);  // not a leaf: its history leads to `leaf`
+    deferred_linear(h, w, b).sum().backward();
+  }
+  ASSERT_EQ(queue.size(), 1u);
+  leaf = at::Tensor();
+  EXPECT_TRUE(leaf_impl.expired()) << "the queued weight-gradient work holds the input's autograd history";
+  queue.run_all();
+  EXPECT_TRUE(w.grad().defined());
+}

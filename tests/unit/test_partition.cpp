@@ -88,3 +88,20 @@ TEST(Partition, ParsesAndChecksExplicitSplit) {
   EXPECT_THROW(parse_split("0:4294967298,2:8", 8, 2), trireme::InvalidArgument);
   EXPECT_THROW(parse_split("0:-1,-1:8", 8, 2), trireme::InvalidArgument);
 }
+
+TEST(Partition, SplitNumbersAreDigitsOnly) {
+  // strtol alone took leading spaces, a sign and "-0": each number must start with a digit.
+  EXPECT_THROW(parse_split(" 0:4,4:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("0:4, 4:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("0: 4,4:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("0:+4,+4:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("-0:4,4:8", 8, 2), trireme::InvalidArgument);
+  EXPECT_THROW(parse_split("0:4,4:8 ", 8, 2), trireme::InvalidArgument);
+  try {
+    parse_split("0:4,+4:8", 8, 2);
+    FAIL() << "'+4' accepted";
+  } catch (const trireme::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'+4:8' is not BEGIN:END"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_split("00:4,4:08", 8, 2), (Ranges{{0, 4}, {4, 8}}));
+}

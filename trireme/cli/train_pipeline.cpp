@@ -158,16 +158,14 @@ class PipelineEngine final : public TrainEngine {
   }
 
  private:
-  // Forward/backward totals for metrics.jsonl and, when traced, every instruction's span.
+  // Forward/backward totals for metrics.jsonl (every step) and, when traced, every
+  // instruction's span (the executor keeps them only then).
   void account(StepTimes& times, const StepTrace& trace) {
-    const auto& executed = executor_->last_run().executed;
-    for (const auto& e : executed) {
-      const double us = e.end_us - e.start_us;
-      if (std::holds_alternative<pipeline::Forward>(e.instruction)) times.forward_us += us;
-      if (std::holds_alternative<pipeline::BackwardInput>(e.instruction) ||
-          std::holds_alternative<pipeline::BackwardWeight>(e.instruction))
-        times.backward_us += us;
-      if (!trace.timeline) continue;
+    const pipeline::StageRunStats& stats = executor_->last_run();
+    times.forward_us += stats.forward_us;
+    times.backward_us += stats.backward_us;
+    if (!trace.timeline) return;
+    for (const auto& e : stats.executed) {
       const bool compute = pipeline::is_compute(e.instruction);
       if (!compute && !pipeline::is_communication(e.instruction)) continue;
       const auto [micro, chunk] = pipeline::micro_and_chunk(e.instruction);

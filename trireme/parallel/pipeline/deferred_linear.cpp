@@ -28,8 +28,10 @@ torch::autograd::variable_list linear_backward(const at::Tensor& x, const at::Te
   const at::Tensor grad_x = at::matmul(grad_out, weight);  // (..., in)
   const bool want_weight = weight.requires_grad(), want_bias = bias.defined() && bias.requires_grad();
   if (!want_weight && !want_bias) return {grad_x, at::Tensor(), at::Tensor()};
-  // Weight gradients from the flattened batch: (out, N) x (N, in).
-  auto weight_grads = [x, grad_out, want_weight, want_bias] {
+  // Weight gradients from the flattened batch: (out, N) x (N, in). The values only: with
+  // its autograd history, x would keep everything behind it (on a pipeline stage, the
+  // received activation and its gradient) alive until the queue runs.
+  auto weight_grads = [x = x.detach(), grad_out = grad_out.detach(), want_weight, want_bias] {
     at::NoGradGuard no_grad;
     const at::Tensor g2 = grad_out.reshape({-1, grad_out.size(-1)});
     return std::make_pair(want_weight ? g2.t().mm(x.reshape({-1, x.size(-1)})) : at::Tensor(),

@@ -2,6 +2,7 @@
 #include "trireme/parallel/pipeline/executor.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "trireme/common/error.h"
@@ -99,9 +100,19 @@ at::Tensor StageExecutor::receive(const Instruction& instruction) {
 }
 
 void StageExecutor::send(at::Tensor tensor, int to, int tag, const Instruction& instruction) {
-  std::vector<at::Tensor> tensors{tensor};
   PendingSend pending;
   pending.what = exchange_text(instruction);
+  // The neighbour receives into a buffer of the agreed shape and dtype: anything else would
+  // fail there, or hang it, far from the part that produced it.
+  const at::IntArrayRef agreed(activation_.shape);
+  TRIREME_CHECK(tensor.defined(), pending.what, ": there is no tensor to send (",
+                std::holds_alternative<SendGradient>(instruction) ? "the part's input got no gradient"
+                                                                 : "the part returned none", ")");
+  TRIREME_CHECK(tensor.sizes() == agreed && tensor.scalar_type() == activation_.dtype, pending.what, ": it is ",
+                tensor.sizes(), " ", tensor.scalar_type(), " but the stages agreed on ", agreed, " ",
+                activation_.dtype, "; every model part must return activations of that shape and dtype");
+  tensor = tensor.contiguous();
+  std::vector<at::Tensor> tensors{tensor};
   try {
     pending.work = group_->send(tensors, to, tag);
   } catch (const std::exception& e) {
@@ -109,33 +120,47 @@ void StageExecutor::send(at::Tensor tensor, int to, int tag, const Instruction& 
   }
   pending.tensor = std::move(tensor);
   if (recording_) pending.record = static_cast<int>(stats_.executed.size()) - 1;  // this send
+  pending.step = step_;
   sends_.push_back(std::move(pending));
+  stats_.peak_pending_sends = std::max(stats_.peak_pending_sends, static_cast<int>(sends_.size()));
 }
 
-void StageExecutor::retire_completed_sends() {
-  // Completed sends release their tensors early; failures surface in wait_all_sends. Not
-  // every backend's Work has a completion callback (Gloo's sends do not), so a send's end
-  // is when it was first seen complete, between two instructions.
+void StageExecutor::retire_sends(int64_t wait_through) {
+  // Not every backend's Work is ever seen complete before wait() (Gloo's sends are not), so
+  // sends are also waited for, a fixed number of steps after their own (kSendWaitLag).
   size_t done = 0;
-  while (done < sends_.size() && sends_[done].work->isCompleted() && sends_[done].work->isSuccess()) {
-    if (sends_[done].record >= 0) stats_.executed[sends_[done].record].end_us = obs::now_us();
-    ++done;
+  for (; done < sends_.size(); ++done) {
+    PendingSend& pending = sends_[done];
+    if (pending.step <= wait_through)
+      dist::wait_work(pending.work, pending.what.c_str());
+    else if (!pending.work->isCompleted() || !pending.work->isSuccess())
+      break;  // (a failure surfaces when it is waited for)
+    if (pending.record >= 0) stats_.executed[pending.record].end_us = obs::now_us();
   }
   sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
-void StageExecutor::wait_all_sends() {
-  for (auto& pending : sends_) {
-    dist::wait_work(pending.work, pending.what.c_str());
-    if (pending.record >= 0) stats_.executed[pending.record].end_us = obs::now_us();
+void StageExecutor::check_micro_batches(const std::vector<MicroBatch>& micro_batches) const {
+  TRIREME_CHECK(static_cast<int>(micro_batches.size()) == spec_.micro_batches, "pipeline stage ", stage_,
+                ": expected ", spec_.micro_batches, " micro-batches, got ", micro_batches.size());
+  if (activation_.shape.empty()) return;
+  const int64_t size = activation_.shape[0];
+  auto check = [&](size_t micro, const char* name, const at::Tensor& t) {
+    TRIREME_CHECK(t.defined(), "pipeline stage ", stage_, ": micro-batch ", micro, " has no ", name);
+    TRIREME_CHECK(t.dim() >= 1 && t.size(0) == size, "pipeline stage ", stage_, ": micro-batch ", micro, " has ",
+                  name, " of shape ", t.sizes(), " but the stages agreed on micro-batches of ", size,
+                  "; give run() micro-batches of the activation's first dimension");
+  };
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    if (stage_ == 0) check(i, "inputs", micro_batches[i].inputs);
+    // (A loss may need no targets.)
+    if (stage_ == spec_.stages - 1 && micro_batches[i].targets.defined()) check(i, "targets", micro_batches[i].targets);
   }
-  sends_.clear();
 }
 
 double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
                           const StageCallbacks& callbacks) {
-  TRIREME_CHECK(static_cast<int>(micro_batches.size()) == spec_.micro_batches, "expected ",
-                spec_.micro_batches, " micro-batches, got ", micro_batches.size());
+  check_micro_batches(micro_batches);
   double loss_sum = 0;
   slots_.clear();
   sends_.clear();
@@ -146,6 +171,7 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
   const auto& steps = schedule_[stage_];
   for (size_t k = 0; k < kReceiveLookahead && k < steps.size(); ++k) post_receives(k);
   for (size_t k = 0; k < steps.size(); ++k) {
+    step_ = static_cast<int64_t>(k);
     // Receives are posted ahead of need, so the transfer overlaps this stage's compute
     // (a Gloo transfer starts only once its receive is posted).
     post_receives(k + kReceiveLookahead);
@@ -166,9 +192,10 @@ double StageExecutor::run(const std::vector<MicroBatch>& micro_batches,
           finish_receive(awaited_.begin()->first, micro_batches, callbacks, &loss_sum);
       timed_execute(instruction, micro_batches, callbacks, &loss_sum);
     }
+    retire_sends(step_ - kSendWaitLag);
   }
   while (!awaited_.empty()) finish_receive(awaited_.begin()->first, micro_batches, callbacks, &loss_sum);
-  wait_all_sends();
+  retire_sends(std::numeric_limits<int64_t>::max());
   slots_.clear();
   return loss_sum;
 }
@@ -180,11 +207,16 @@ void StageExecutor::timed_execute(const Instruction& instruction,
   if (recording_) stats_.executed.push_back({instruction, start, start});
   execute(instruction, micro_batches, callbacks, loss_sum);
   if (callbacks.computed && is_compute(instruction)) callbacks.computed(instruction, (obs::now_us() - start) * 1e-6);
+  const double end = obs::now_us();
+  if (std::holds_alternative<Forward>(instruction))
+    stats_.forward_us += end - start;
+  else if (is_compute(instruction))
+    stats_.backward_us += end - start;
   // A send's end is its completion, filled in when it is retired.
   if (recording_ && !std::holds_alternative<SendActivation>(instruction) &&
       !std::holds_alternative<SendGradient>(instruction))
-    stats_.executed.back().end_us = obs::now_us();
-  retire_completed_sends();
+    stats_.executed.back().end_us = end;
+  retire_sends(-1);
 }
 
 void StageExecutor::finish_receive(int receive_tag, const std::vector<MicroBatch>& micro_batches,
@@ -226,7 +258,7 @@ void StageExecutor::execute(const Instruction& instruction,
   } else if (const auto* w = std::get_if<BackwardWeight>(&instruction)) {
     slots_[{w->micro, w->chunk}].weight_grads.run_all(callbacks.weight_grad_accumulated);
   } else if (const auto* x = std::get_if<SendActivation>(&instruction)) {
-    at::Tensor out = slots_[{x->micro, x->chunk}].output.detach().contiguous();
+    at::Tensor out = slots_[{x->micro, x->chunk}].output.detach();
     // The receiver files it under its own chunk: (vs + 1) / p.
     const int to_chunk = (virtual_stage(x->chunk) + 1) / p;
     send(out, x->to_stage, tag(x->micro, to_chunk, false), instruction);
@@ -234,7 +266,7 @@ void StageExecutor::execute(const Instruction& instruction,
     slots_[{x->micro, x->chunk}].input = receive(instruction).requires_grad_(true);
   } else if (const auto* x = std::get_if<SendGradient>(&instruction)) {
     Slot& slot = slots_[{x->micro, x->chunk}];
-    at::Tensor grad = slot.input.grad().contiguous();
+    at::Tensor grad = slot.input.grad();
     slot.input = at::Tensor();
     const int to_chunk = (virtual_stage(x->chunk) - 1) / p;
     send(grad, x->to_stage, tag(x->micro, to_chunk, true), instruction);

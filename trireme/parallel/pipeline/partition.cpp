@@ -6,6 +6,7 @@
 // O(parts * layers^2), instant for the layer counts of real models.
 #include "trireme/parallel/pipeline/partition.h"
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -58,11 +59,13 @@ std::vector<LayerRange> parse_split(const std::string& text, int layers, int par
     TRIREME_CHECK(colon != std::string::npos, "--pp-split item '", item,
                   "' is not BEGIN:END; write e.g. --pp-split 0:3,3:6");
     auto number = [&](const std::string& s) {
+      // Digits only: strtol alone also takes leading spaces, a sign and "-0".
       errno = 0;
       char* end = nullptr;
       const long v = std::strtol(s.c_str(), &end, 10);
-      TRIREME_CHECK(!s.empty() && *end == '\0' && errno == 0 && v >= 0 && v <= INT_MAX, "--pp-split item '", item,
-                    "' is not BEGIN:END with layer numbers");
+      TRIREME_CHECK(!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])) && *end == '\0' && errno == 0 &&
+                        v <= INT_MAX,
+                    "--pp-split item '", item, "' is not BEGIN:END with layer numbers");
       return static_cast<int>(v);
     };
     ranges.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
