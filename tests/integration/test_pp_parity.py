@@ -4,11 +4,10 @@ DP=2 x PP=2 give the per-step losses and, after 3 AdamW steps, the parameters of
 on the whole batch (max abs diff <= 1e-5, printed). ZB-H1 runs the linear layers' weight
 gradients in separate W instructions; DP x PP all-reduces each stage's gradients across its
 replicas, buckets launched as their gradients complete."""
-import json
 import os
 import unittest
 
-from common import main, max_abs, max_abs_diff, metrics, read_params, run, temp_dir
+from common import assert_ran, main, max_abs, max_abs_diff, metrics, read_params, run, temp_dir
 
 # 4 blocks -> 6 layers (embeddings, 4 blocks, head), enough for 4 stages or 2 x 2 chunks.
 # lr 1e-3: AdamW's first update of an element is lr * g / (|g| + eps), which for a gradient
@@ -51,9 +50,17 @@ class PipelineParity(unittest.TestCase):
         self.assertLess(losses[-1], losses[0] - 0.05)  # it trained: the comparison is not vacuous
         self.assertLessEqual(param_diff, TOLERANCE)
         self.assertLessEqual(loss_diff, TOLERANCE)
-        with open(os.path.join(out, "run.json")) as f:
-            layout = json.load(f)
-        self.assertEqual(sorted({r["stage"] for r in layout["ranks"]}), list(range(pp)))
+        # It ran as asked (a flag ignored would run 1F1B, which matches one process too).
+        layout = assert_ran(self, out, pp * dp, ["--pp", str(pp), "--dp", str(dp), "--micro-batches", str(micro),
+                                                 "--schedule", schedule, "--chunks", str(chunks)] + list(extra))
+        for r in layout["ranks"]:
+            self.assertEqual(len(r["layers"]), chunks, r)
+            # The schedule's own mark: how many micro-batches a stage held forwarded and
+            # not yet backwarded (GPipe all of them; 1F1B and ZB-H1 pp - stage).
+            if schedule == "gpipe":
+                self.assertEqual(r["peak_live_micro_batches"], micro, r)
+            elif schedule in ("1f1b", "zb-h1"):
+                self.assertEqual(r["peak_live_micro_batches"], min(micro, pp - r["stage"]), r)
         # Each stage holds only its own layers: the stages' layer lists partition the model.
         held = [layer for r in layout["ranks"] if r["dp"] == 0 for chunk in r["layers"]
                 for layer in chunk.split(",")]
