@@ -219,16 +219,21 @@ class Recovery(SnapshotAreaTest):
         # Snapshot 7 was interrupted (no manifest): the previous one, 6, is used.
         self.assertIn("resumed at step 6 from memory snapshots", stderr)
 
-    def test_damaged_snapshot_is_skipped(self):
+    def test_damaged_snapshot_is_skipped(self, victim=1):
         # Rank 1's committed snapshot of step 6 gets a flipped byte (a memory fault), then it
         # dies: the ranks agree on step 6 by its manifest, but rank 1's data fails its CRC,
         # so the restart takes step 5 (before, the damaged step was agreed on, its restore
         # failed on one rank, and every restart picked it again).
-        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=1,
-                            env={"TRIREME_TEST_DAMAGE_SNAPSHOT": "1:6"})
+        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "1", "--snapshot-overhead", "0"], victim=victim,
+                            env={"TRIREME_TEST_DAMAGE_SNAPSHOT": f"{victim}:6"})
         self.assertIn("skipping a damaged snapshot", stderr)
         self.assertIn("CRC-32 mismatch", stderr)
         self.assertIn("resumed at step 5 from memory snapshots", stderr)
+
+    def test_damaged_snapshot_of_the_leader_is_skipped(self):
+        # The same on rank 0, whose commit waits for the step's metrics line: the seam waits
+        # for that commit before the line (it hung there until the seam opened the gate).
+        self.test_damaged_snapshot_is_skipped(victim=0)
 
     def test_a_worker_lost_after_the_last_step_is_restarted_at_it(self):
         # Rank 1 is killed after its last step, once every rank's snapshot of it is whole

@@ -70,7 +70,7 @@ TEST(Mesh, RejectsBadInput) {
 TEST(Mesh, GroupKeyNamesAreTheListUpTo64CharactersThenCountAndHash) {
   EXPECT_EQ(trireme::dist::group_key_name({0, 2, 4}), "0,2,4");
   std::vector<int> ranks;
-  for (int r = 0; r < 32; ++r) ranks.push_back(r);  // "0,1,...,31": 83 characters
+  for (int r = 0; r < 32; ++r) ranks.push_back(r);  // "0,1,...,31": 85 characters
   const std::string long_name = trireme::dist::group_key_name(ranks);
   EXPECT_EQ(long_name.rfind("32#", 0), 0u) << long_name;
   EXPECT_EQ(long_name.size(), 3u + 16u) << long_name;

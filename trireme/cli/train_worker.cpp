@@ -12,14 +12,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -335,10 +336,10 @@ class RecordGate {
   // On a writer thread, before committing `step`.
   void before_commit(int64_t step) {
     std::unique_lock<std::mutex> lock(mutex_);
-    held_ = step;
+    const auto held = held_.insert(step);  // (the snapshot's and the checkpoint's writers may both wait)
     changed_.notify_all();
     changed_.wait(lock, [&] { return open_ || written_ >= step; });
-    held_ = -1;
+    held_.erase(held);
   }
   void written(int64_t step) {
     {
@@ -356,16 +357,17 @@ class RecordGate {
     }
     changed_.notify_all();
   }
-  // (Test seam.) Waits until a writer waits here to commit `step`.
-  void await_held(int64_t step) {
+  // (Test seam.) Whether a writer waits here to commit `step` within 30 s.
+  bool await_held(int64_t step) {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return held_ == step; });
+    return changed_.wait_for(lock, std::chrono::seconds(30), [&] { return held_.count(step) > 0; });
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable changed_;
-  int64_t written_ = -1, held_ = -1;
+  int64_t written_ = -1;
+  std::multiset<int64_t> held_;  // the steps writers wait to commit
   bool open_ = false;
 };
 
@@ -374,10 +376,14 @@ class RecordGate {
 // the other ranks of the node have committed STEP and its own writer is ready to (waits at
 // the RecordGate). The restart must resume at STEP-1 and write STEP's line.
 void kill_before_record_seam(bool leader, int restart, const std::string& snapshot_dir, int64_t steps_done,
-                             RecordGate& gate) {
+                             bool snapshotted, RecordGate& gate) {
   const char* spec = std::getenv("TRIREME_TEST_KILL_BEFORE_RECORD");
   if (!spec || !leader || restart > 0 || snapshot_dir.empty() || std::atoll(spec) != steps_done) return;
-  gate.await_held(steps_done);
+  if (!snapshotted || !gate.await_held(steps_done)) {
+    std::fprintf(stderr, "gpt: TRIREME_TEST_KILL_BEFORE_RECORD: no snapshot of step %lld waits to commit; not "
+                         "killed\n", (long long)steps_done);
+    return;
+  }
   await_snapshot_on_node(snapshot_dir, steps_done, /*but=*/snapshot_dir);
   std::raise(SIGKILL);
 }
@@ -845,7 +851,10 @@ int train_worker_main(const std::vector<std::string>& args) {
     if (snapshotter && (step + 1) % snapshot_every == 0) {
       snapshot_held_us = ft::take_snapshot(train_state, *snapshotter, step + 1);
       last_snapshot = step + 1;
-      if (damage_at == step + 1) damage_snapshot_and_die(*snapshotter, snapshot_dir, step + 1);  // test seam
+      if (damage_at == step + 1) {  // test seam (it waits for the commit: no line for it will come)
+        record_gate.open();
+        damage_snapshot_and_die(*snapshotter, snapshot_dir, step + 1);
+      }
       times.snapshot_us += snapshot_held_us;
       if (snapshotter->made_slot()) snapshot_held_us = -1;
     }
@@ -868,7 +877,7 @@ int train_worker_main(const std::vector<std::string>& args) {
         record.add("recovery_ms", recovery.total_ms(now)).add_raw("recovery_phases_ms", recovery.phases_json(now));
         if (!opt.quiet) std::fprintf(stderr, "gpt: restart %d: %s\n", restart, recovery.describe(now).c_str());
       }
-      kill_before_record_seam(leader, restart, snapshot_dir, step + 1, record_gate);
+      kill_before_record_seam(leader, restart, snapshot_dir, step + 1, last_snapshot == step + 1, record_gate);
       metrics->write(record);
       record_gate.written(step + 1);
       if (!opt.quiet)
