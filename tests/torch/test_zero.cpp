@@ -218,3 +218,49 @@ TEST(Zero, RefusesAMismatchedDataParallel) {
     EXPECT_THROW(ZeroOptimizer(all_reduce, 3, adamw_options()), trireme::InvalidArgument);
   });
 }
+
+// gather_state(wanted), as a checkpoint that each replica saves a share of calls it: the
+// wanted parameters' state is the full gather's, bit for bit, and the others are left
+// without state (step 0, undefined moments), never allocated.
+TEST(Zero, GatherStateOfAShareMatchesTheFullGather) {
+  for (int stage : {1, 2})
+    for (int d : {1, 2, 3}) {
+      run_ranks(d, [&](int rank, const trireme::dist::Group& group) {
+        SmallNet net = make_small_net();
+        DataParallelOptions options;
+        options.buckets.cap_bytes = options.buckets.first_cap_bytes = 40;  // several buckets
+        options.rebuild_buckets = false;
+        if (stage == 2) options.reduction = DataParallelOptions::Reduction::kReduceScatter;
+        DataParallel dp(net.ptr(), group, options);
+        ZeroOptimizer zero(dp, stage, adamw_options());
+        const int64_t rows = kRows / d;
+        for (int step = 0; step < 2; ++step) {
+          net->forward(batch(step).narrow(0, rank * rows, rows)).square().mean().backward();
+          zero.attach_gradients();
+          zero.step();
+          zero.zero_grad();
+        }
+        const auto wanted = [&](size_t p) { return static_cast<int>(p % static_cast<size_t>(d)) == rank; };
+        const auto full = zero.gather_state();
+        const auto share = zero.gather_state(wanted);
+        ASSERT_EQ(share.size(), full.size());
+        size_t with_state = 0;
+        for (size_t p = 0; p < full.size(); ++p) {
+          with_state += full[p].step > 0;
+          if (!wanted(p)) {
+            EXPECT_EQ(share[p].step, 0) << "parameter " << p << " is not wanted";
+            EXPECT_FALSE(share[p].exp_avg.defined() || share[p].exp_avg_sq.defined()) << "parameter " << p;
+            continue;
+          }
+          EXPECT_EQ(share[p].step, full[p].step) << "parameter " << p;
+          if (full[p].step == 0) {
+            EXPECT_FALSE(share[p].exp_avg.defined()) << "parameter " << p << " has no state";
+            continue;
+          }
+          EXPECT_TRUE(at::equal(share[p].exp_avg, full[p].exp_avg)) << "stage " << stage << " d=" << d << " p " << p;
+          EXPECT_TRUE(at::equal(share[p].exp_avg_sq, full[p].exp_avg_sq)) << "stage " << stage << " d=" << d;
+        }
+        EXPECT_EQ(with_state, full.size() - 2) << "all but the unused layer's weight and bias have state";
+      });
+    }
+}

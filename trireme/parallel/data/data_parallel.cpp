@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "trireme/comm/shard.h"
 #include "trireme/common/error.h"
@@ -61,11 +62,10 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
     options_.rebuild_buckets = false;  // the shards must stay where the optimizer state is
     reduce_scatter_ = std::make_unique<comm::ReduceScatter>(group_);
   }
+  // A tensor registered in two modules (tied weights) is listed twice by libtorch: it
+  // takes part once, or its gradient would be sent, counted and stepped twice.
   for (auto& p : module_->parameters())
-    if (p.requires_grad()) {
-      index_of_[p.unsafeGetTensorImpl()] = params_.size();
-      params_.push_back(p);
-    }
+    if (p.requires_grad() && index_of_.emplace(p.unsafeGetTensorImpl(), params_.size()).second) params_.push_back(p);
   TRIREME_CHECK(!params_.empty(), "DataParallel needs a module with at least one parameter that requires a gradient "
                 "(this one has none: there is nothing to reduce)");
   if (options_.broadcast_parameters) broadcast_initial_state();
@@ -81,9 +81,13 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, dist::Grou
 DataParallel::~DataParallel() { remove_hooks(); }
 
 void DataParallel::broadcast_initial_state() {
-  std::vector<at::Tensor> state = module_->parameters();
+  std::vector<at::Tensor> listed = module_->parameters();
   if (options_.broadcast_buffers)
-    for (auto& b : module_->buffers()) state.push_back(b);
+    for (auto& b : module_->buffers()) listed.push_back(b);
+  std::vector<at::Tensor> state;  // each tensor once (tied weights are listed twice)
+  std::set<const void*> seen;
+  for (auto& t : listed)
+    if (seen.insert(t.unsafeGetTensorImpl()).second) state.push_back(t);
   if (group_->getSize() == 1 || state.empty()) return;
   at::NoGradGuard no_grad;
   // One flat broadcast per dtype/device, in chunks of the bucket cap.

@@ -159,7 +159,9 @@ class DataParallel {
   // Statistics of the last synchronised backward.
   const StepCommStats& last_step() const { return last_; }
   // Current bucket assignment: indices into the module's parameters that require
-  // gradients, in module().parameters() order (frozen parameters are skipped).
+  // gradients, in module().parameters() order (frozen parameters are skipped, and a
+  // tensor that several modules register, a tied weight, is listed once, where it first
+  // appears).
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   // Number of synchronised backward passes so far.
   int64_t steps() const { return steps_; }
@@ -173,8 +175,8 @@ class DataParallel {
   // it was applied; throws InvalidArgument for a state that is not an order.
   at::Tensor bucket_state() const;
   bool restore_bucket_state(const at::Tensor& state);
-  // The parameters that take part (those requiring gradients), in module order: the
-  // indices of buckets() refer to this list.
+  // The parameters that take part (those requiring gradients, each tensor once), in
+  // module order: the indices of buckets() refer to this list.
   const std::vector<at::Tensor>& parameters() const { return params_; }
 
   // Reduction::kReduceScatter only, after a synchronised step: this rank's chunk of

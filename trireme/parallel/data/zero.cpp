@@ -1,6 +1,7 @@
 // ZeroOptimizer: AdamW on this rank's pieces, then an all-gather per bucket; see zero.h.
 #include "trireme/parallel/data/zero.h"
 
+#include <algorithm>
 #include <map>
 
 #include "trireme/comm/shard.h"
@@ -120,39 +121,48 @@ void ZeroOptimizer::all_gather_chunks(const std::function<at::Tensor(size_t)>& v
   at::NoGradGuard no_grad;
   const auto& params = dp_.parameters();
   const size_t n = dp_.buckets().size();
-  // Every bucket's chunk goes out at once; each is unpacked as it arrives.
-  std::vector<at::Tensor> gathered(n), mine(n);
+  std::vector<std::vector<size_t>> pieces_of(n);  // bucket -> indices into layout_
+  for (size_t i = 0; i < layout_.size(); ++i) pieces_of[layout_[i].bucket].push_back(i);
+  // Two buckets in flight at a time: bucket b+1's gather runs while b's is unpacked, and
+  // each gathered buffer (d chunks, the whole bucket) goes as soon as it is unpacked. The
+  // result is the same bytes whatever the window: a gather only moves them.
+  constexpr size_t kInFlight = 2;
+  std::vector<at::Tensor> gathered(n);
   std::vector<c10::intrusive_ptr<c10d::Work>> works(n);
-  for (size_t b = 0; b < n; ++b) {
+  const auto issue = [&](size_t b) {
     const at::Tensor& first = params[dp_.buckets()[b].front()];
-    mine[b] = at::zeros({chunk_of_bucket_[b]}, first.options().requires_grad(false));
-    gathered[b] = at::empty({d * chunk_of_bucket_[b]}, mine[b].options());
-  }
-  for (size_t i = 0; i < layout_.size(); ++i)
-    mine[layout_[i].bucket].narrow(0, layout_[i].chunk_offset, layout_[i].length).copy_(value(i));
-  for (size_t b = 0; b < n; ++b) {
+    at::Tensor mine = at::zeros({chunk_of_bucket_[b]}, first.options().requires_grad(false));
+    for (size_t i : pieces_of[b]) mine.narrow(0, layout_[i].chunk_offset, layout_[i].length).copy_(value(i));
+    gathered[b] = at::empty({d * chunk_of_bucket_[b]}, mine.options());
     try {
-      works[b] = dp_.group()->_allgather_base(gathered[b], mine[b]);
+      works[b] = dp_.group()->_allgather_base(gathered[b], mine);
     } catch (const std::exception& e) {
       TRIREME_THROW(CommError, what, " of bucket ", b, " could not be issued: ", dist::error_text(e));
     }
-  }
+  };
+  for (size_t b = 0; b < std::min(n, kInFlight); ++b) issue(b);
   for (size_t b = 0; b < n; ++b) {
     dist::wait_work(works[b], what);
+    works[b].reset();
     int64_t begin = 0;
     for (size_t p : dp_.buckets()[b]) {
+      const int64_t numel = params[p].numel();
       at::Tensor flat = destination(p);
-      for (const comm::Segment& s : comm::split_by_chunks(begin, flat.numel(), chunk_of_bucket_[b]))
-        flat.narrow(0, s.offset, s.length)
-            .copy_(gathered[b].narrow(0, s.chunk * chunk_of_bucket_[b] + s.chunk_offset, s.length));
-      begin += flat.numel();
+      if (flat.defined())  // undefined: not wanted here
+        for (const comm::Segment& s : comm::split_by_chunks(begin, numel, chunk_of_bucket_[b]))
+          flat.narrow(0, s.offset, s.length)
+              .copy_(gathered[b].narrow(0, s.chunk * chunk_of_bucket_[b] + s.chunk_offset, s.length));
+      begin += numel;
     }
+    gathered[b] = at::Tensor();
+    if (b + kInFlight < n) issue(b + kInFlight);
   }
 }
 
-std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
+std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state(const std::function<bool(size_t)>& wanted) {
   const auto& params = dp_.parameters();
   std::vector<ParamState> states(params.size());
+  const auto keep = [&](size_t p) { return !wanted || wanted(p); };
   // Steps: each piece's owner reports its parameter's step; the maximum is the step.
   at::Tensor steps = at::zeros({static_cast<int64_t>(params.size())}, at::kLong);
   std::vector<AdamWState> own;  // this rank's pieces'
@@ -160,8 +170,10 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
   for (size_t i = 0; i < layout_.size(); ++i)
     if (own[i].step > 0) steps[static_cast<int64_t>(layout_[i].param)] = own[i].step;
   steps = dist::all_reduce(dp_.group(), steps, c10d::ReduceOp::MAX, params.front().device(), "ZeRO step gather").cpu();
+  const auto* step_of = steps.data_ptr<int64_t>();
   for (size_t p = 0; p < params.size(); ++p) {
-    states[p].step = steps[static_cast<int64_t>(p)].item<int64_t>();
+    if (!keep(p) || step_of[p] == 0) continue;  // no state: step 0, undefined moments
+    states[p].step = step_of[p];
     states[p].exp_avg = at::zeros_like(params[p].detach());
     states[p].exp_avg_sq = at::zeros_like(params[p].detach());
   }
@@ -170,18 +182,19 @@ std::vector<ZeroOptimizer::ParamState> ZeroOptimizer::gather_state() {
       if (own[i].step == 0) return at::zeros_like(pieces_[i]);
       return moment == 0 ? own[i].exp_avg : own[i].exp_avg_sq;
     };
-    const auto destination = [&](size_t p) {
-      return (moment == 0 ? states[p].exp_avg : states[p].exp_avg_sq).view(-1);
+    const auto destination = [&](size_t p) {  // undefined where not kept
+      const at::Tensor& moment_p = moment == 0 ? states[p].exp_avg : states[p].exp_avg_sq;
+      return moment_p.defined() ? moment_p.view(-1) : at::Tensor();
     };
     if (dp_.group()->getSize() > 1) {
       all_gather_chunks(value, destination, "ZeRO optimizer-state gather");
     } else {
-      for (size_t i = 0; i < layout_.size(); ++i)
-        destination(layout_[i].param).narrow(0, layout_[i].param_offset, layout_[i].length).copy_(value(i));
+      for (size_t i = 0; i < layout_.size(); ++i) {
+        at::Tensor flat = destination(layout_[i].param);
+        if (flat.defined()) flat.narrow(0, layout_[i].param_offset, layout_[i].length).copy_(value(i));
+      }
     }
   }
-  for (auto& s : states)
-    if (s.step == 0) s.exp_avg = s.exp_avg_sq = at::Tensor();
   return states;
 }
 

@@ -13,10 +13,16 @@
 //             gradients from views of the averaged .grad; optimizer state is 1/d.
 //   stage 2   DataParallel reduce-scatters (Reduction::kReduceScatter): a rank receives
 //             only its averaged chunks and releases the parameters' .grad, so gradients
-//             held between backward and the optimizer step are 1/d as well.
+//             held between backward and the optimizer step are 1/d as well. Not so during
+//             backward: a launched bucket's reduce-scatter buffer is the whole bucket (d
+//             chunks), and every launched bucket keeps it until the step ends, so at the
+//             end of backward the buffers add up to all gradients, as under stage 1 (the
+//             parameters' .grad are released as their buckets launch, so this replaces
+//             rather than adds to them).
 //
 // After the pieces are updated, every bucket's chunks are all-gathered, so every rank
-// holds the whole, updated parameters for the next forward. Communication per step and
+// holds the whole, updated parameters for the next forward; two buckets are gathered at
+// a time, so the gather adds at most two buckets' worth of memory. Communication per step and
 // rank, for N gradient elements: stage 1 = all-reduce (2(d-1)/d N) + all-gather
 // ((d-1)/d N); stage 2 = reduce-scatter + all-gather = 2(d-1)/d N, the all-reduce's volume.
 //
@@ -78,8 +84,13 @@ class ZeroOptimizer {
   // AdamW's state of one whole (rank-local) parameter, for checkpoints.
   using ParamState = AdamWState;
   // Every parameter's state, assembled from the ranks' pieces (aligned with
-  // dp.parameters()). A collective over the data-parallel group.
-  std::vector<ParamState> gather_state();
+  // dp.parameters()). A collective over the data-parallel group: every rank calls it, each
+  // with its own `wanted`. Only parameters p with wanted(p) (all, when `wanted` is empty)
+  // get their state allocated and filled; the others are left with step 0 and undefined
+  // moments. A checkpoint where each replica saves a share of the parameters passes its
+  // share, and holds 2x that share's elements plus one bucket's gathered chunks at a time,
+  // instead of the whole model's state.
+  std::vector<ParamState> gather_state(const std::function<bool(size_t)>& wanted = {});
   // Takes each piece's part of `states` (aligned with dp.parameters()); parameters with
   // step 0 get no state.
   void load_state(const std::vector<ParamState>& states);
@@ -110,8 +121,9 @@ class ZeroOptimizer {
     int64_t param_offset = 0, chunk_offset = 0, length = 0;
   };
 
-  // All-gathers, bucket by bucket, the chunks built from value(piece index) into
-  // destination(parameter index) (a flat view of a dp.parameters()-shaped tensor).
+  // All-gathers, bucket by bucket (two in flight), the chunks built from value(piece
+  // index) into destination(parameter index) (a flat view of a dp.parameters()-shaped
+  // tensor; an undefined one skips that parameter).
   void all_gather_chunks(const std::function<at::Tensor(size_t)>& value,
                          const std::function<at::Tensor(size_t)>& destination, const char* what);
 
