@@ -241,6 +241,16 @@ class Failures(unittest.TestCase):
         self.assertEqual(len(pids), 3, out)
         self.assertTrue(self.gone(pids), "a worker outlived its agent")
 
+    def test_a_reader_gone_does_not_change_the_exit_status(self):
+        """`trireme run ... 2>&1 | head` whose reader has gone: the job's last line cannot be
+        written, and the status is still the job's (before, SIGPIPE's: 141)."""
+        proc = subprocess.Popen(launcher_cmd(["--nproc-per-node", "1"], ["false"]), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        self.addCleanup(stop, proc)
+        proc.stdout.close()
+        proc.stderr.close()
+        self.assertEqual(proc.wait(timeout=TIMEOUT), 1)
+
     def test_worker_exit_code_stops_the_job(self):
         self.check_crash("sys.exit(3)", "exited with code 3")
 

@@ -1,6 +1,8 @@
 // Pure helpers of the launcher: line prefixing, exit-status wording, the torchrun
 // environment, option validation, executable lookup.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +10,8 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <string>
+#include <vector>
 
 #include "trireme/common/error.h"
 #include "trireme/launch/agent_channel.h"
@@ -203,6 +207,38 @@ TEST(LaunchProcess, ReapWithinGivesUpOnAChildThatDoesNotEnd) {
   EXPECT_EQ(::waitpid(p.pid, nullptr, WNOHANG), -1);  // already reaped: no longer our child
   EXPECT_EQ(errno, ECHILD);
   EXPECT_TRUE(reap_within(p.pid, std::chrono::milliseconds(0)));  // idempotent
+}
+
+// A worker gets stdin, stdout and stderr, and no other descriptor of the agent's, even one
+// opened without close-on-exec (as Gloo opens its sockets in the agent's snapshot keeper).
+TEST(LaunchProcess, AChildGetsNoDescriptorOfTheAgentsButItsThree) {
+  const int leaked = ::open("/dev/null", O_RDONLY);  // no O_CLOEXEC
+  ASSERT_GE(leaked, 3);
+  const SpawnedProcess p = spawn_process("/bin/sh", {"/bin/sh", "-c", "ls /proc/self/fd"}, {});
+  std::string out;
+  char buffer[4096];
+  for (;;) {
+    pollfd readable{p.stdout_fd, POLLIN, 0};
+    ASSERT_GE(::poll(&readable, 1, 10000), 0);
+    const ssize_t n = ::read(p.stdout_fd, buffer, sizeof(buffer));
+    if (n == 0) break;
+    if (n > 0) out.append(buffer, static_cast<size_t>(n));
+    else ASSERT_EQ(errno, EAGAIN);
+  }
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+  ::close(leaked);
+  EXPECT_TRUE(reap_within(p.pid, std::chrono::milliseconds(10000)));
+  // ls's own: 0, 1, 2 and the directory it reads (3); the agent's descriptor numbered
+  // `leaked` must not be among them unless it is ls's directory, 3.
+  std::vector<int> fds;
+  for (size_t at = 0; at < out.size();) {
+    const size_t end = out.find('\n', at);
+    fds.push_back(std::stoi(out.substr(at, end - at)));
+    at = end == std::string::npos ? out.size() : end + 1;
+  }
+  EXPECT_LE(fds.size(), 4u) << out;
+  if (leaked != 3) EXPECT_EQ(std::count(fds.begin(), fds.end(), leaked), 0) << out;
 }
 
 // child_ended sees a child end without reaping it: the zombie keeps its pid, by which the

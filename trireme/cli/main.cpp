@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -66,6 +67,10 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   args.erase(args.begin());
+  // The agents (run, train, profile) say the job's end on stderr and exit with its status:
+  // a reader gone (`2>&1 | head`) must cost that line, not turn the status into SIGPIPE's
+  // 141. (Their workers get SIGPIPE's default back: launch/process.cpp.)
+  if (command == "run" || command == "train" || command == "profile") std::signal(SIGPIPE, SIG_IGN);
   try {
     if (command == "run") return trireme::cli::run_main(args);
     if (command == "train") return trireme::cli::train_main(args);

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -62,6 +63,8 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC (linux/close_range.h)
+
 // In the forked child: only async-signal-safe calls until execve. On failure, reports
 // errno on report_fd (close-on-exec, so the parent reads EOF on success) and exits 127.
 [[noreturn]] void exec_child(pid_t parent, const char* executable, char* const argv[],
@@ -85,6 +88,14 @@ void close_fd(int& fd) {
   if (stdin_fd >= 0) ::dup2(stdin_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
+  // Nothing else of the agent's reaches the program: a descriptor some library opened
+  // without close-on-exec (Gloo's sockets for the snapshot keeper) would otherwise live on
+  // in every worker, and standbys live into the next generation.
+  if (::syscall(SYS_close_range, 3u, ~0u, kCloseRangeCloexec) != 0) {
+    rlimit limit{};
+    const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? std::min<rlim_t>(limit.rlim_cur, 1 << 16) : 1024;
+    for (int fd = 3; fd < static_cast<int>(top); ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // (before Linux 5.11)
+  }
   ::execve(executable, argv, envp);
   const int error = errno;
   [[maybe_unused]] const ssize_t n = ::write(report_fd, &error, sizeof(error));
