@@ -330,6 +330,19 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual(len(err), 1, err)
             self.assertIn("manifest.json: missing (the checkpoint was not completed)", err[0])
 
+    def test_inspect_of_a_root_named_as_a_number(self):
+        # A root named by a job id (SLURM's /scratch/987654) holding steps is a root, not
+        # one incomplete checkpoint (before: "987654/manifest.json: missing").
+        out = os.path.join(self.dir, "run")
+        train(out, 1, [], 2, ["--checkpoint-every", "2"])
+        root = os.path.join(self.dir, "987654")
+        os.rename(os.path.join(out, "checkpoints"), root)
+        for path in (root, root + "/"):
+            code, stdout, err = self.inspect(path)
+            self.assertEqual(code, 0, err)
+            self.assertIn("step 2,", stdout)
+            self.assertRegex(stdout, r"checkpoint \S*/987654/+2\n")
+
     def test_foreign_manifest_refused(self):
         _, root = self.damaged_run()
         manifest = os.path.join(root, "4", "manifest.json")
@@ -384,7 +397,8 @@ class Checkpoints(unittest.TestCase):
     def test_retention(self):
         out = os.path.join(self.dir, "keep")
         train(out, 1, [], 5, ["--checkpoint-every", "1", "--keep-checkpoints", "2"])
-        self.assertEqual(sorted(os.listdir(os.path.join(out, "checkpoints"))), ["4", "5"])
+        # (.writer: the lock of the root's one writer, left in place; no step.)
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "checkpoints"))), [".writer", "4", "5"])
 
 
 if __name__ == "__main__":

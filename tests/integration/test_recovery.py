@@ -95,7 +95,7 @@ class Recovery(SnapshotAreaTest):
         return raw(dump), [m["loss"] for m in metrics(out)]
 
     def check(self, nproc, layout, victim, kill_at=None, env=None, steps=STEPS, after_standby=False, shared=None,
-              model=MODEL, trains_after=True):
+              model=MODEL, trains_after=True, ready=None, resumed_from="memory snapshots"):
         ref_params, ref_losses = self.reference(nproc, layout, steps, model)
         out = os.path.join(self.dir, "killed")
         dump = out + ".params"
@@ -111,7 +111,8 @@ class Recovery(SnapshotAreaTest):
             path = os.path.join(out, "metrics.jsonl")
             reached = False
             while time.monotonic() < deadline and proc.poll() is None:
-                if lines_in(path) >= kill_at and (not after_standby or len(standbys(out)) == nproc):
+                if (lines_in(path) >= kill_at and (not after_standby or len(standbys(out)) == nproc)
+                        and (ready is None or ready(out))):
                     reached = True
                     break
                 time.sleep(0.01)
@@ -130,7 +131,7 @@ class Recovery(SnapshotAreaTest):
         resumed = [l for l in stderr.splitlines() if "resumed at step" in l]
         self.assertTrue(resumed, f"the restarted workers did not resume from a snapshot:\n{stderr[-3000:]}")
         print(f"{' '.join(layout)}: killed rank {victim} after step {killed_at}; {resumed[0].strip()}")
-        self.assertIn("from memory snapshots", resumed[0])
+        self.assertIn("from " + resumed_from, resumed[0])
         if shared is not None:  # the data-parallel replicas shared each snapshot (--snapshot-share)
             self.assertEqual(f"(shared by {shared} replicas)" in resumed[0], shared > 1, resumed[0])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, steps + 1)))
@@ -218,6 +219,20 @@ class Recovery(SnapshotAreaTest):
                             env={"TRIREME_TEST_KILL_IN_SNAPSHOT": "1:7"})
         # Snapshot 7 was interrupted (no manifest): the previous one, 6, is used.
         self.assertIn("resumed at step 6 from memory snapshots", stderr)
+
+    def test_a_newer_checkpoint_than_the_snapshots_serves(self):
+        # Snapshots every 3 steps, checkpoints every 4; rank 1 stops after step 5
+        # (TRIREME_TEST_HANG_AT, so that no snapshot of 6 is taken) and is killed once
+        # checkpoint 4 is committed. The restart resumes from checkpoint 4 (before: from
+        # snapshot 3, redoing step 4 and rewriting its checkpoint in place), to the same bits.
+        def committed(out):
+            return os.path.exists(os.path.join(out, "checkpoints", "4", "manifest.json"))
+
+        stderr = self.check(2, ["--dp", "2", "--snapshot-every", "3", "--checkpoint-every", "4",
+                                "--snapshot-overhead", "0"], victim=1, kill_at=5, ready=committed,
+                            env={"TRIREME_TEST_HANG_AT": "1:5"},
+                            resumed_from=os.path.join(self.dir, "killed", "checkpoints"))
+        self.assertIn("resumed at step 4 from", stderr)
 
     def test_damaged_snapshot_is_skipped(self, victim=1):
         # Rank 1's committed snapshot of step 6 gets a flipped byte (a memory fault), then it

@@ -569,6 +569,44 @@ TEST(LoadSnapshot, MemoryDonorBroadcastFillsNonContiguousTensors) {
   });
 }
 
+// The generators are restored from memory on every rank or on none, as the bucket layout
+// is: here rank 0's node holds its own snapshot and rank 1's none, so rank 0 keeps the
+// stream it has (before, it rewound its own while its peer kept a fresh one: in a
+// tensor-parallel group, replicated dropout masks then differed between the ranks).
+TEST(LoadSnapshot, GeneratorsAreRestoredFromMemoryOnEveryRankOrNone) {
+  TempDir area;
+  run_worlds(2, [&](World& world) {
+    const int rank = world.rank();
+    const at::Tensor w = at::ones({2, 3}).requires_grad_(true);
+    torch::optim::AdamW optimizer(std::vector<at::Tensor>{w}, torch::optim::AdamWOptions(1e-2));
+    trireme::ft::TrainingState state;
+    state.world = &world;
+    state.parameters = {{"w", w}};
+    state.dp = 2;
+    state.dp_rank = rank;
+    state.dp_group = world.group();
+    state.adamw = &optimizer;
+    state.split_rng = std::make_shared<trireme::tensor::RngTracker>(7, 0);  // equal streams, as TP peers'
+    state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
+    const std::string node = area.path + "/node" + std::to_string(rank);
+    std::filesystem::create_directories(node);
+    if (rank == 0) {  // node 1 lost its memory
+      trireme::ft::CheckpointLayout own = state.layout;
+      own.rank = rank;
+      Snapshotter snapshots(node + "/rank-0", own);
+      trireme::ft::take_snapshot(state, snapshots, 1);
+      snapshots.before_update();
+      snapshots.wait();
+    }
+    at::Generator& split = state.split_rng->split_generator();
+    at::rand({16}, split);  // both streams move on from the snapshot's state
+    const at::Tensor moved_on = split.get_state();
+    std::string from;
+    ASSERT_EQ(trireme::ft::load_from_memory(state, node, &from), 1) << from;
+    EXPECT_TRUE(at::equal(split.get_state(), moved_on)) << "rank " << rank << " restored its generators alone";
+  });
+}
+
 // A snapshot shared by the data-parallel group, restored on "nodes" that each hold only
 // their own replica's share (each rank's snapshot directory in an area of its own): each
 // share is broadcast by its holder and written into the others' parameters and AdamW

@@ -1,8 +1,8 @@
 // `trireme checkpoint inspect DIR`: verifies every slice of a checkpoint (manifest, files,
 // lengths, CRC-32) and prints what it holds. DIR is one checkpoint (it has manifest.json,
-// or its name is a step number: an incomplete one is reported as such) or a checkpoint
-// directory, whose newest good checkpoint is shown (damaged newer ones are listed as
-// skipped). Exit 1 with one line when nothing verifies.
+// or its name is a step number and it holds no steps: an incomplete one is reported as
+// such) or a checkpoint directory, whose newest good checkpoint is shown (damaged newer
+// ones are listed as skipped). Exit 1 with one line when nothing verifies.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -17,6 +17,8 @@ namespace trireme::cli {
 namespace {
 
 // Whether `dir` is named as a checkpoint's step (ROOT/<step>, a trailing '/' allowed).
+// A directory with steps of its own is a root whatever its name (a SLURM job's
+// /scratch/987654 holding 3/manifest.json), see checkpoint_main.
 bool named_as_step(const std::string& dir) {
   std::filesystem::path path(dir);
   if (path.filename().empty()) path = path.parent_path();
@@ -34,7 +36,8 @@ int checkpoint_main(const std::vector<std::string>& args) {
                "Verifies a checkpoint (DIR/manifest.json: manifest, file lengths and every slice's CRC-32)\n"
                "and prints its step, the layout and model that wrote it, and its tensors; given a\n"
                "directory of checkpoints, the newest that verifies, naming the damaged ones skipped.\n"
-               "A directory named as a step (DIR/200) is one checkpoint, complete or not.\n",
+               "A directory named as a step (DIR/200) is one checkpoint, complete or not, unless it\n"
+               "holds steps of its own (a root named by a job id, /scratch/987654).\n",
                stdout);
     return 0;
   }
@@ -44,7 +47,8 @@ int checkpoint_main(const std::vector<std::string>& args) {
   TRIREME_CHECK(std::filesystem::is_directory(dir), "checkpoint directory ", dir,
                 std::filesystem::exists(dir) ? " is a file, not a directory" : " does not exist",
                 "; pass a run's checkpoints/ directory or one of its steps");
-  if (std::filesystem::exists(dir + "/manifest.json") || named_as_step(dir)) {
+  const bool has_steps = !ft::checkpoint_steps(dir).empty();
+  if (std::filesystem::exists(dir + "/manifest.json") || (named_as_step(dir) && !has_steps)) {
     const ft::Checkpoint checkpoint = ft::Checkpoint::open(dir, /*verify_data=*/true);
     std::printf("%s  verified: manifest, file lengths and every slice's CRC-32\n", checkpoint.describe().c_str());
     return 0;

@@ -636,15 +636,23 @@ int train_worker_main(const std::vector<std::string>& args) {
   const double resume_start = obs::now_us();
   recovery.resume_us = obs::wall_us();
   const std::string area = ft::snapshot_area_from_env();
-  if (restart > 0 && elastic && !area.empty()) {
+  // A committed checkpoint newer than every step the snapshots hold serves first (on a tie
+  // the snapshots do); else the restart would redo its steps and rewrite it.
+  int64_t floor = 0;
+  if (restart > 0 && !area.empty() && (elastic || !snapshot_dir.empty())) {
+    const int64_t in_memory = ft::memory_step_bound(train_state, area, elastic);
+    first_step = ft::load_newer_checkpoint(train_state, opt.checkpoint_dir, in_memory, &floor);
+    if (first_step > 0) resumed_from = opt.checkpoint_dir;
+  }
+  if (first_step == 0 && restart > 0 && elastic && !area.empty()) {
     // The membership may have changed: any layout, from whatever this node's memory holds.
-    first_step = ft::load_from_memory(train_state, area, &resumed_from);
+    first_step = ft::load_from_memory(train_state, area, &resumed_from, floor);
     if (first_step == 0 && leader)
       std::fprintf(stderr, "gpt: restart %d: no step of the training state is whole in the memory of the nodes "
                            "left; resuming from the newest checkpoint in %s\n", restart, opt.checkpoint_dir.c_str());
-  } else if (restart > 0 && !snapshot_dir.empty()) {
+  } else if (first_step == 0 && restart > 0 && !snapshot_dir.empty()) {
     bool shared = false;
-    first_step = ft::load_snapshot(train_state, snapshot_dir, &shared);
+    first_step = ft::load_snapshot(train_state, snapshot_dir, &shared, floor);
     if (first_step > 0)
       resumed_from = shared ? "memory snapshots (shared by " + std::to_string(opt.dp) + " replicas)" : "memory snapshots";
   }

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "trireme/common/error.h"
 #include "trireme/common/file_io.h"
@@ -189,7 +191,14 @@ void commit(const std::string& root, int64_t step, const CheckpointLayout& layou
       ++kept;
       continue;
     }
-    if (s < step) fs::remove_all(d);
+    if (s >= step) continue;
+    // The step is committed: an older one that cannot be removed (a file someone else owns,
+    // a mount) costs disk space, not the checkpoint, so it is said and training goes on.
+    std::error_code error;
+    fs::remove_all(d, error);
+    if (error)
+      std::fprintf(stderr, "trireme: checkpoint retention could not remove %s (%s); it stays on disk\n", d.c_str(),
+                   error.message().c_str());
   }
 }
 
@@ -208,6 +217,28 @@ at::Tensor host_data(const SavedPiece& piece) {
   check_piece(piece);
   return piece.data.detach().to(at::kCPU).contiguous();
 }
+
+WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait) {
+  fs::create_directories(root);
+  const std::string path = root + "/.writer";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  TRIREME_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if ((error == EWOULDBLOCK || error == EINTR) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    ::close(fd_);
+    if (error == EWOULDBLOCK)
+      TRIREME_THROW(Unrecoverable, "checkpoint directory ", root, " is being written by another job (or another "
+                    "checkpoint writer of this one; ", path, " is locked): give each job its own --checkpoint-dir");
+    TRIREME_THROW(Error, "cannot lock ", path, ": ", std::strerror(error));
+  }
+}
+
+WriterLock::~WriterLock() { ::close(fd_); }  // releases the flock
 
 std::vector<int64_t> checkpoint_steps(const std::string& root) {
   std::vector<int64_t> steps;

@@ -25,6 +25,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -99,6 +100,26 @@ struct PlacedPiece {
 std::string_view shard_magic();
 void commit_local_checkpoint(const std::string& root, int64_t step, const CheckpointLayout& layout,
                              const std::string& file, const std::vector<PlacedPiece>& placed, int keep);
+
+// The one writer of a checkpoint root: rank 0's checkpoint writer holds ROOT/.writer under
+// an exclusive flock while it lives, so that two jobs (or two writers of one) given the
+// same root do not commit over and prune each other's steps. The kernel releases it when
+// the process dies: a killed job leaves no stale lock. Readers, retention and `checkpoint
+// inspect` ignore the file (it is no step).
+class WriterLock {
+ public:
+  // Creates `root` if needed and takes the lock, trying for up to `wait` (a restarted job's
+  // leader waits for its killed predecessor to be gone). Throws Unrecoverable naming the
+  // root when another writer holds it (a restart would meet it again), Error when the file
+  // cannot be opened.
+  explicit WriterLock(const std::string& root, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  ~WriterLock();
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // The steps under `root` that have a directory (complete or not), newest first.
 std::vector<int64_t> checkpoint_steps(const std::string& root);

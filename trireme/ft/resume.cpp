@@ -24,13 +24,24 @@ namespace {
 
 using Optimizer = parallel::AdamWState;
 
+std::vector<int> share_owners(const TrainingState& s);
+
 // AdamW's state of each local parameter, by TensorImpl. Under ZeRO a collective over the
-// data-parallel group.
+// data-parallel group, which gathers the state only of the parameters whose checkpoint
+// share is this replica's (share_owners; the only ones a checkpoint's pieces take): each
+// rank holds that share's moments, not the whole model's.
 std::map<const void*, Optimizer> optimizer_state(const TrainingState& s) {
   std::map<const void*, Optimizer> out;
   if (s.zero) {
-    const auto states = s.zero->gather_state();
+    std::map<const void*, int> owner_of;
+    const std::vector<int> owner = share_owners(s);
+    for (size_t i = 0; i < s.parameters.size(); ++i)
+      owner_of[s.parameters[i].second.unsafeGetTensorImpl()] = owner[i];
     const auto& params = s.zero->data_parallel().parameters();
+    const auto states = s.zero->gather_state([&](size_t p) {
+      const auto it = owner_of.find(params[p].unsafeGetTensorImpl());
+      return it == owner_of.end() || it->second == s.dp_rank;
+    });
     for (size_t p = 0; p < params.size(); ++p) out[params[p].unsafeGetTensorImpl()] = states[p];
     return out;
   }
@@ -548,8 +559,14 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, cons
   const dist::Store store = s.world->store();
   const int rank = s.world->rank(), size = s.world->size();
   const CheckpointLayout layout = s.layout;
+  // Rank 0 commits: it holds the root for the writer's life (a restarted job's leader
+  // waits a little for its killed predecessor's lock to go).
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const auto wait = std::chrono::milliseconds(restarts && std::atoi(restarts) > 0 ? 10000 : 0);
+  const std::shared_ptr<const WriterLock> lock = rank == 0 ? std::make_shared<const WriterLock>(root, wait) : nullptr;
   return std::make_unique<BackgroundWriter>(
       [=](int64_t step, const std::vector<SavedPiece>& pieces) {
+        (void)lock;  // held as long as the writer
         if (before_write) before_write(step);
         write_checkpoint_through_store(root, step, layout, pieces, store, rank, size, keep);
       });
@@ -561,21 +578,23 @@ double take_snapshot(const TrainingState& s, Snapshotter& snapshotter, int64_t s
   return obs::now_us() - start;
 }
 
-int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
-  // Rank 0 picks the newest checkpoint that verifies; everyone opens that one.
-  std::string chosen;
+namespace {
+
+// What rank 0's `choose()` returns, as every rank sees it (through the store under `key`;
+// a collective).
+std::string decided_by_rank0(const TrainingState& s, const std::string& key,
+                             const std::function<std::string()>& choose) {
   if (s.world->rank() == 0) {
-    std::vector<std::string> skipped;
-    const auto latest = Checkpoint::find_latest(root, &skipped);
-    for (const auto& why : skipped)
-      std::fprintf(stderr, "trireme: skipping a damaged checkpoint: %s\n", why.c_str());
-    if (latest) chosen = latest->dir();
-    s.world->store()->set("resume/chosen", std::vector<uint8_t>(chosen.begin(), chosen.end()));
+    const std::string chosen = choose();
+    s.world->store()->set(key, std::vector<uint8_t>(chosen.begin(), chosen.end()));
   }
   dist::run_collective("resume barrier", [&] { return s.world->group()->barrier(); });
-  const std::vector<uint8_t> bytes = s.world->store()->get("resume/chosen");
-  chosen.assign(bytes.begin(), bytes.end());
-  if (chosen.empty()) return 0;
+  const std::vector<uint8_t> bytes = s.world->store()->get(key);
+  return {bytes.begin(), bytes.end()};
+}
+
+// Loads the checkpoint `chosen` (verified by rank 0) and returns its step.
+int64_t load_chosen(const TrainingState& s, const std::string& chosen) {
   const Checkpoint checkpoint = Checkpoint::open(chosen, /*verify_data=*/false);
   const std::string& model = checkpoint.layout().model;
   TRIREME_CHECK(model.empty() || s.layout.model.empty() || model == s.layout.model, "checkpoint ", chosen,
@@ -591,7 +610,42 @@ int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
   return checkpoint.step();
 }
 
-int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shared_out) {
+}  // namespace
+
+int64_t load_checkpoint(const TrainingState& s, const std::string& root) {
+  // Rank 0 picks the newest checkpoint that verifies; everyone opens that one.
+  const std::string chosen = decided_by_rank0(s, "resume/chosen", [&] {
+    std::vector<std::string> skipped;
+    const auto latest = Checkpoint::find_latest(root, &skipped);
+    for (const auto& why : skipped) std::fprintf(stderr, "trireme: skipping a damaged checkpoint: %s\n", why.c_str());
+    return latest ? latest->dir() : std::string();
+  });
+  return chosen.empty() ? 0 : load_chosen(s, chosen);
+}
+
+int64_t load_newer_checkpoint(const TrainingState& s, const std::string& root, int64_t in_memory, int64_t* floor) {
+  // Rank 0's answer: "<dir>" of a newer checkpoint that verifies, or "=<step>" of the floor.
+  // Only a checkpoint that would serve has its data read: the newest at or below the
+  // snapshots' step needs its manifest alone, to bound them.
+  const std::string chosen = decided_by_rank0(s, "resume/newer", [&] {
+    for (int64_t step : checkpoint_steps(root)) {
+      const std::string dir = root + "/" + std::to_string(step);
+      try {
+        Checkpoint::open(dir, /*verify_data=*/step > in_memory);
+        return step > in_memory ? dir : "=" + std::to_string(step);
+      } catch (const CheckpointCorrupt& e) {
+        if (step > in_memory) std::fprintf(stderr, "trireme: skipping a damaged checkpoint: %s\n", e.what());
+      }
+    }
+    return std::string("=0");
+  });
+  *floor = 0;
+  if (chosen.rfind('=', 0) != 0) return load_chosen(s, chosen);
+  *floor = std::stoll(chosen.substr(1));
+  return 0;
+}
+
+int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shared_out, int64_t at_least) {
   // The newest step every rank has a complete snapshot of (each keeps two).
   const std::vector<int64_t> mine = Snapshotter::complete_steps(dir);
   int64_t bound = INT64_MAX;
@@ -603,7 +657,7 @@ int64_t load_snapshot(const TrainingState& s, const std::string& dir, bool* shar
         break;
       }
     const int64_t agreed = world_min(s, candidate);
-    if (agreed < 0) return 0;
+    if (agreed < 0 || agreed < at_least) return 0;
     // Its data verified before the vote: a slice that fails its CRC later, in the middle
     // of the restore's collectives, would fail this rank alone, and every restart after it
     // would agree on the same damaged step again.
@@ -765,7 +819,7 @@ int64_t newest_own_step(const TrainingState& s, const std::vector<Source>& sourc
 
 // load_from_memory() among the steps up to `bound`.
 int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>& sources, int64_t bound,
-                               std::string* from) {
+                               int64_t at_least, std::string* from) {
   const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
   // The newest step at which every data-parallel group has a rank whose node holds all of
   // its state: candidates from the newest down, agreed over the world.
@@ -774,7 +828,7 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
     for (const Source& source : sources)
       if (source.step <= bound) candidate = std::max(candidate, source.step);
     const int64_t step = reduce_over(s, s.world->group(), candidate, c10d::ReduceOp::MAX);
-    if (step <= 0) return 0;
+    if (step <= 0 || step < at_least) return 0;
     std::vector<Checkpoint> opened;
     for (const Source& source : sources) {
       if (source.step != step) continue;
@@ -860,8 +914,8 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
       for (size_t p = 0; p < s.parameters.size(); ++p)
         parallel::set_adamw_state(*s.adamw, s.parameters[p].second.unsafeGetTensorImpl(), states[p]);
     }
-    // This rank's own generators, when its own snapshot of the same mesh is here. The bucket
-    // layout too, but only when every rank has its own (a data-parallel group restores it
+    // This rank's own generators, when every rank's own snapshot of the same mesh is here. The
+    // bucket layout too, but only when every rank has its own (a data-parallel group restores it
     // on all of its ranks or none, see restore_rank_state): a job whose membership did not
     // change, such as one that lost a worker process, then resumes bit for bit.
     // (From `opened`: verified, so that a damaged one fails no rank alone after the vote.)
@@ -872,7 +926,11 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
     const std::string key = bucket_key(s);
     const bool own_buckets = own && own->layout().mesh == s.layout.mesh && !key.empty() && own->has(key);
     const bool buckets = world_min(s, own_buckets ? 1 : 0) == 1;
-    if (own) restore_rank_state(s, *own, buckets);
+    // The generators likewise: a tensor-parallel group's ranks draw replicated regions'
+    // dropout from equal streams, so one restoring its own while a peer without its own
+    // snapshot keeps a fresh one would make their masks differ.
+    const bool own_same_mesh = own && own->layout().mesh == s.layout.mesh;
+    if (world_min(s, own_same_mesh ? 1 : 0) == 1) restore_rank_state(s, *own, buckets);
     if (from) {
       std::string where = covered ? chosen.empty() ? "nothing" : chosen.front()->dir() : "a replica's broadcast";
       *from = "memory (" + where + (someone_lacks ? ", with broadcasts to ranks whose node held nothing" : "") + ")";
@@ -884,7 +942,7 @@ int64_t load_from_memory_up_to(const TrainingState& s, const std::vector<Source>
 
 }  // namespace
 
-int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from) {
+int64_t load_from_memory(const TrainingState& s, const std::string& area, std::string* from, int64_t at_least) {
   const dist::Group dp_group = s.dp_group ? s.dp_group : s.world->group();
   TRIREME_CHECK(dp_group->getSize() == s.dp, "load_from_memory: TrainingState::dp_group is not set");
   const std::vector<Source> sources = memory_sources(area, s.world->rank());
@@ -894,8 +952,18 @@ int64_t load_from_memory(const TrainingState& s, const std::string& area, std::s
   // layout, and the run goes on bit for bit (at the cost of redoing that one newer step).
   const int64_t all_own = world_min(s, newest_own_step(s, sources));
   if (all_own > 0)
-    if (const int64_t step = load_from_memory_up_to(s, sources, all_own, from)) return step;
-  return load_from_memory_up_to(s, sources, INT64_MAX, from);
+    if (const int64_t step = load_from_memory_up_to(s, sources, all_own, at_least, from)) return step;
+  return load_from_memory_up_to(s, sources, INT64_MAX, at_least, from);
+}
+
+int64_t memory_step_bound(const TrainingState& s, const std::string& area, bool elastic) {
+  if (elastic) {
+    int64_t newest = 0;
+    for (const Source& source : memory_sources(area, s.world->rank())) newest = std::max(newest, source.step);
+    return reduce_over(s, s.world->group(), newest, c10d::ReduceOp::MAX);
+  }
+  const std::vector<int64_t> mine = Snapshotter::complete_steps(area + "/rank-" + std::to_string(s.world->rank()));
+  return std::max<int64_t>(0, world_min(s, mine.empty() ? 0 : mine.front()));
 }
 
 namespace {
@@ -977,12 +1045,15 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
 Resumable::~Resumable() = default;  // each writer's destructor finishes its write in flight
 
 int64_t Resumable::resume() {
-  int64_t step = 0;
+  int64_t step = 0, floor = 0;
   const std::string area = snapshot_area_from_env();
-  if (world_restarted() && elastic_from_env() && !area.empty())
-    step = load_from_memory(state_, area, nullptr);  // the membership may have changed
-  else if (world_restarted() && !snapshot_dir_.empty())
-    step = load_snapshot(state_, snapshot_dir_);
+  const bool elastic = elastic_from_env();
+  if (world_restarted() && !area.empty() && (elastic || !snapshot_dir_.empty()) && !options_.checkpoint_dir.empty())
+    step = load_newer_checkpoint(state_, options_.checkpoint_dir, memory_step_bound(state_, area, elastic), &floor);
+  if (step == 0 && world_restarted() && elastic && !area.empty())
+    step = load_from_memory(state_, area, nullptr, floor);  // the membership may have changed
+  else if (step == 0 && world_restarted() && !snapshot_dir_.empty())
+    step = load_snapshot(state_, snapshot_dir_, nullptr, floor);
   if (step == 0 && !options_.checkpoint_dir.empty()) step = load_checkpoint(state_, options_.checkpoint_dir);
   last_step_ = step;
   return step;

@@ -103,11 +103,26 @@ double take_snapshot(const TrainingState& state, Snapshotter& snapshotter, int64
 // Throws InvalidArgument when the checkpoint is of another model; says on stderr (rank 0)
 // when it was trained on other data (CheckpointLayout::data).
 int64_t load_checkpoint(const TrainingState& state, const std::string& root);
+// After a restart, before the in-memory snapshots are read: the newest step they could
+// restore (an upper bound; load_snapshot() and load_from_memory() may settle for an older
+// one), 0 when they hold none. `elastic`: any rank's snapshot in this node's `area` serves
+// (load_from_memory); else each rank's own, AREA/rank-<R> (load_snapshot). A collective.
+int64_t memory_step_bound(const TrainingState& state, const std::string& area, bool elastic);
+// After a restart whose snapshots hold at most step `in_memory` (memory_step_bound): loads
+// the newest checkpoint under `root` above that step which verifies, and returns its step;
+// else loads nothing, returns 0 and sets *floor to the newest step at or below it whose
+// checkpoint's manifest opens (the snapshots must not resume before it; on a tie they
+// serve, being faster to read). Rank 0 decides, as in load_checkpoint(). A collective.
+// Without it a restart resumed from an older snapshot, redid the checkpoint's steps and
+// rewrote it in place (its manifest removed first), with no good checkpoint meanwhile.
+int64_t load_newer_checkpoint(const TrainingState& state, const std::string& root, int64_t in_memory, int64_t* floor);
 // After a restart: loads the newest step of which every rank has a complete snapshot
 // (`dir`: this rank's) and returns it, or 0 when there is none. A collective. Snapshots
 // shared by the data-parallel group are restored together (a broadcast per replica);
 // `shared`, when given, says whether they were.
-int64_t load_snapshot(const TrainingState& state, const std::string& dir, bool* shared = nullptr);
+// `at_least`: a step below it is not loaded (0 is returned): a newer checkpoint serves.
+int64_t load_snapshot(const TrainingState& state, const std::string& dir, bool* shared = nullptr,
+                      int64_t at_least = 0);
 // After a restart that changed the job's membership (an elastic job lost or gained
 // machines, so the layout may be another): loads the newest step whose state this
 // rank's data-parallel group can find in its nodes' memory, and returns it (0: none, a
@@ -121,13 +136,15 @@ int64_t load_snapshot(const TrainingState& state, const std::string& dir, bool* 
 // every old rank's pieces of the optimizer state must be in some node's memory (its own,
 // or rebuilt from parity): each old rank's pieces are read by one rank and broadcast, the
 // ranks of the same stage and tensor-parallel rank assemble their parameters' whole state
-// from them, and the new layout's pieces then take theirs. The generator state is restored where
-// this rank's own snapshot of the same mesh is found. When every rank finds its own
+// from them, and the new layout's pieces then take theirs. The generator state is restored when
+// every rank finds its own snapshot of the same mesh (on all ranks or none: tensor-parallel
+// peers must draw equal replicated dropout masks). When every rank finds its own
 // snapshots of the same mesh (the membership did not change), the newest step they all
 // hold is chosen before any newer one, and the bucket layout is restored too: the run then
 // goes on bit for bit, as load_snapshot's does.
-// A collective. `from` names what served, for the log.
-int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from);
+// A collective. `from` names what served, for the log. `at_least` as in load_snapshot().
+int64_t load_from_memory(const TrainingState& state, const std::string& area, std::string* from,
+                         int64_t at_least = 0);
 // This rank's snapshot directory in the area the agent gives its workers
 // (TRIREME_SNAPSHOT_DIR), or "" when not launched by `trireme run`.
 std::string snapshot_dir_from_env(int rank);
@@ -188,8 +205,9 @@ class Resumable {
   ~Resumable();
   Resumable(Resumable&&) = default;
   Resumable& operator=(Resumable&&) = default;
-  // The step to continue from: after a restart the newest snapshot all ranks hold, else
-  // (or if none) the newest good checkpoint in checkpoint_dir, else 0. A collective.
+  // The step to continue from: after a restart the newest snapshot all ranks hold, unless
+  // checkpoint_dir holds a newer good checkpoint; else (or if none) the newest good
+  // checkpoint in checkpoint_dir, else 0. A collective.
   int64_t resume();
   // Snapshots and checkpoints the state after `steps_done` steps, when due. A collective.
   // Throws InvalidArgument unless steps_done is above the last step done or resumed at
