@@ -295,6 +295,19 @@ class Checkpoints(unittest.TestCase):
         self.edit_manifest(os.path.join(root, "4"), lambda data: data.update(step=6))
         self.check_fallback(out, root, "step 6 in the directory of step 4", file="manifest.json")
 
+    def test_manifest_with_a_changed_name_falls_back(self):
+        # A tensor's name changed in the manifest (valid JSON, every structural check
+        # passes): its CRC-32 of the tensors fails, and the older checkpoint serves (before,
+        # the damaged one was chosen and its load failed: "another model").
+        out, root = self.damaged_run()
+
+        def rename(data):
+            name = sorted(n for n in data["tensors"] if n.startswith("param/"))[0]
+            data["tensors"][name + "x"] = data["tensors"].pop(name)
+
+        self.edit_manifest(os.path.join(root, "4"), rename)
+        self.check_fallback(out, root, "its tensors do not match their CRC-32", file="manifest.json")
+
     def test_manifest_with_overlapping_slices_falls_back(self):
         # Under TP=2 a split weight has one slice per rank. Moved onto the other, the second
         # slice still seems to cover the tensor (readers count the elements the slices
