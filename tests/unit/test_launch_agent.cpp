@@ -879,7 +879,8 @@ TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // (the stimulus's timing, not a wait)
     if (agent_running) ::kill(::getpid(), SIGTERM);
   });
-  LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then exit 2; fi; trap '' TERM; exec sleep 30");
+  // (Rank 1 fails once rank 0 ignores SIGTERM: a loaded machine may start rank 0 late.)
+  LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then sleep 0.5; exit 2; fi; trap '' TERM; exec sleep 30");
   o.stop_grace_s = 3;
   Clock::time_point stopping = Clock::now();
   channel.after_set = [&](const std::string& key) {
@@ -906,7 +907,12 @@ TEST(LaunchAgent, ASignalDuringARestartEndsTheJob) {
   LaunchResult result;
   const auto start = Clock::now();
   {
-    Heartbeat node1(channel, 1);
+    Heartbeat node1(channel, 1, [&](int) {  // it reads the failure and is done (node 0 keeps the store until then)
+      if (channel.try_get(keys::kFailure) && !channel.try_get(keys::done(1))) {
+        channel.set(keys::done(1), "1");
+        if (channel.add(keys::kDone, 1) >= 2) channel.set(keys::kAllDone, "1");
+      }
+    });
     result = run_agent(two_node_options("exit 3", 0), channel, {"127.0.0.1", 1234}, io.io());
   }
   signal.join();
@@ -1298,4 +1304,197 @@ TEST(LaunchAgent, AWorkerExitingWithNoRestartIsNotRestarted) {
       EXPECT_NE(result.failure.find("gave up after 2 restarts"), std::string::npos) << result.failure;
     }
   }
+}
+
+// With three nodes, a restart's follower waits for the membership as long as its leader
+// waits for the members to check in: --join-timeout after the longest a member may take to
+// stop. Node 2's worker ignores SIGTERM and takes --stop-grace (3 s), longer than
+// --join-timeout (2 s), to stop; node 0 leads and waits for it; this agent (node 1) checked
+// in at once. The restart goes on (before, node 1 gave up after --join-timeout, and its
+// failure ended the job while node 2 was still stopping).
+TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
+  LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+                                  "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
+  o.nnodes = 3;
+  o.node_rank = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;
+  o.join_timeout_s = 2;
+  o.stop_grace_s = 3;
+  o.rdzv_port = 1234;
+  // Node 0's worker fails: it claims restart 1, checks in first (it leads) and waits for
+  // node 2, which checks in once its worker is killed after the grace; node 0 then decides
+  // that all three stay, and both reach the recovery barrier.
+  std::thread others([&] {
+    if (!channel.wait_for(keys::kReady, std::chrono::seconds(10))) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (the workers here start)
+    channel.add(keys::restart_claimed(1), 1);
+    channel.add(keys::restart_stopped(1), 1);
+    channel.set(keys::restart_lead(1, 0), "0");
+    channel.set(keys::restart_in(1, 0), "1");
+    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 3");
+    std::this_thread::sleep_for(std::chrono::milliseconds(3200));  // node 2 stops its worker
+    channel.set(keys::restart_in(1, 2), "1");
+    channel.add(keys::restart_stopped(1), 1);
+    if (!channel.wait_for(keys::restart_in(1, 1), std::chrono::seconds(10))) return;
+    channel.compare_set(keys::restart_members(1), "", "0,1,2;0");
+    channel.set(keys::kGeneration, "1");
+    for (int node = 0; node < 2; ++node)
+      if (channel.add(keys::restart_recovered(1), 1) == 3) channel.set(keys::restart_resume(1), "1");
+  });
+  LaunchResult result;
+  {
+    Heartbeat node0(channel, 0), node2(channel, 2);
+    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  }
+  others.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_FALSE(channel.try_get(keys::kFailure)) << *channel.try_get(keys::kFailure);
+  const std::string out = io.stdout_text();
+  EXPECT_NE(out.find("gen=1 world=3"), std::string::npos) << out;
+}
+
+// Node 0 hosts the store: a restart that ends there (a signal here) marks its agent done
+// and keeps the store up until the others, who read why, are done too (before, it returned
+// at once and the store went with it: the others said they had lost the store instead).
+TEST(LaunchAgent, ARestartEndingOnTheStoresNodeKeepsTheStoreForTheOthers) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.add(keys::kJoined, 1);  // node 1 joined; it beats but is slow to check in
+  std::thread signal([&] {  // once this agent has checked in to restart 1 (it leads it)
+    if (channel.wait_for(keys::restart_in(1, 0), std::chrono::seconds(20))) ::kill(::getpid(), SIGINT);
+  });
+  std::atomic<int> failure_seen_at{0};
+  Clock::time_point node1_done{};
+  LaunchResult result;
+  {
+    // Node 1 reads the failure, takes half a second to stop its workers, and is done.
+    Heartbeat node1(channel, 1, [&](int beat) {
+      if (!failure_seen_at && channel.try_get(keys::kFailure)) failure_seen_at = beat;
+      if (!failure_seen_at || beat != failure_seen_at + 10) return;
+      node1_done = Clock::now();
+      channel.set(keys::done(1), "1");
+      if (channel.add(keys::kDone, 1) >= 2) channel.set(keys::kAllDone, "1");
+    });
+    result = run_agent(two_node_options("exit 3", 0), channel, {"127.0.0.1", 1234}, io.io());
+  }
+  const auto returned = Clock::now();
+  signal.join();
+  EXPECT_EQ(result.exit_code, 128 + SIGINT) << result.failure;
+  EXPECT_EQ(channel.try_get(keys::kFailure), "node 0's agent received SIGINT while restarting");
+  EXPECT_EQ(channel.try_get(keys::done(0)), "1");
+  EXPECT_NE(node1_done, Clock::time_point{}) << "node 1 never finished";
+  EXPECT_LE(node1_done, returned) << "node 0 took the store down before node 1 was done";
+}
+
+namespace {
+
+// A snapshot keeper whose first stop() takes `stop_time` (a round in flight with a slow peer).
+class SlowStopKeeper : public SnapshotKeeper {
+ public:
+  explicit SlowStopKeeper(std::chrono::milliseconds stop_time) : stop_time_(stop_time) {}
+  void start(const KeeperGeneration&) override {}
+  void stop() override {
+    if (!stopping.exchange(true)) std::this_thread::sleep_for(stop_time_);
+  }
+  KeeperRecovery recover(const KeeperGeneration&, const KeeperGeneration&) override { return {}; }
+  bool flush(double) override { return true; }
+  std::string summary() const override { return ""; }
+  std::atomic<bool> stopping{false};
+
+ private:
+  std::chrono::milliseconds stop_time_;
+};
+
+}  // namespace
+
+// A second stopping signal hurries the SIGKILL also when it arrived before the workers'
+// stop began (here while the snapshot keeper stops, after the first signal ended the
+// supervision); before, it was not counted, and the workers got their whole grace (10 s).
+TEST(LaunchAgent, ASecondSignalBeforeTheStopHurriesIt) {
+  const std::string root = "/tmp/trireme-test-agent-hurry-" + std::to_string(::getpid());
+  std::filesystem::create_directories(root);
+  ::setenv("TRIREME_SNAPSHOT_ROOT", root.c_str(), 1);
+  const std::string started = root + "/started";
+  MemoryChannel channel;
+  CapturedIo io;
+  SlowStopKeeper keeper(std::chrono::milliseconds(1500));
+  std::atomic<bool> agent_running{true};
+  Clock::time_point first{};
+  std::thread signal([&] {
+    for (int i = 0; i < 500 && !std::filesystem::exists(started); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    first = Clock::now();
+    ::kill(::getpid(), SIGTERM);
+    for (int i = 0; i < 500 && !keeper.stopping; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (agent_running) ::kill(::getpid(), SIGTERM);
+  });
+  LaunchOptions o = sh_options(1, "trap '' TERM; touch " + started + "; exec sleep 30");
+  o.stop_grace_s = 10;
+  const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io(), &keeper);
+  agent_running = false;
+  const double stop_s = seconds_since(first);
+  signal.join();
+  ::unsetenv("TRIREME_SNAPSHOT_ROOT");
+  std::filesystem::remove_all(root);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.failure;
+  EXPECT_LT(stop_s, 6.0) << "the second signal did not hurry the SIGKILL";
+}
+
+// A signal that arrives while the agent stops its workers for a restart ends the job
+// there (before, the next generation's workers were started first).
+TEST(LaunchAgent, ASignalWhileStoppingForARestartEndsBeforeTheNextGeneration) {
+  MemoryChannel channel;
+  CapturedIo io;
+  std::thread signal([&] {  // during the grace of the stop for restart 1
+    if (!channel.wait_for(keys::restart(1), std::chrono::seconds(20))) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(::getpid(), SIGINT);
+  });
+  LaunchOptions o = sh_options(2, "echo gen=$TORCHELASTIC_RESTART_COUNT; "
+                                  "if [ $TORCHELASTIC_RESTART_COUNT != 0 ]; then exit 0; fi; "
+                                  "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; trap '' TERM; exec sleep 30");
+  o.max_restarts = 1;
+  o.stop_grace_s = 1.5;
+  const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  signal.join();
+  const std::string out = io.stdout_text();
+  EXPECT_EQ(result.exit_code, 128 + SIGINT) << result.failure;
+  EXPECT_EQ(result.failure, "received SIGINT while restarting");
+  EXPECT_EQ(out.find("gen=1"), std::string::npos) << out;
+}
+
+// A snapshot area whose lock another agent holds (a stalled one of the same job and node,
+// say, that a replacement is taking over from) is not shared: the workers snapshot to disk,
+// and the agent says so (before, it used the area without the lock, and the other agent's
+// cleanup could delete it).
+TEST(LaunchAgent, ASnapshotAreaLockedByAnotherAgentIsNotUsed) {
+  const std::string root = "/tmp/trireme-test-agent-locked-" + std::to_string(::getpid());
+  std::filesystem::create_directories(root);
+  ::setenv("TRIREME_SNAPSHOT_ROOT", root.c_str(), 1);
+  const int held = ::open((root + "/trireme-abc-node1.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 1);  // node 0 joined
+  LaunchResult result;
+  {
+    Heartbeat node0(channel, 0);
+    result = run_agent(two_node_options("echo area=[$TRIREME_SNAPSHOT_DIR]", 1), channel, {"127.0.0.1", 1234},
+                       io.io());
+  }
+  ::unsetenv("TRIREME_SNAPSHOT_ROOT");
+  ::close(held);
+  const bool area_made = std::filesystem::exists(root + "/trireme-abc-node1");
+  std::filesystem::remove_all(root);
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_NE(io.stdout_text().find("area=[]"), std::string::npos);
+  EXPECT_NE(io.stderr_text().find("snapshot area"), std::string::npos);
+  EXPECT_FALSE(area_made);
 }

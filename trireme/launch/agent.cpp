@@ -195,8 +195,19 @@ class Agent {
   void end_standby();
   void leave_behind(pid_t pid, const std::string& who, const std::string& then);
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
+  std::optional<LaunchResult> signalled_in_restart();
   std::optional<LaunchResult> decide_members(int generation, const std::vector<int>& lost_leaders = {});
   std::optional<LaunchResult> await_members(int generation);
+  // The longest a member may take to stop its workers and flush its snapshots before it
+  // checks in to a restart: the workers' grace, SIGKILL's reap limit and, with a snapshot
+  // keeper, a leaver's flush.
+  double stopping_allowance_s() const {
+    return options_.stop_grace_s + (keeper_ ? options_.preemption_grace_s : 0.0) +
+           std::chrono::duration<double>(kKillReapLimit).count();
+  }
+  // How long a restart's leader waits for the members to check in, and its followers for
+  // its decision: --join-timeout after stopping_allowance_s().
+  double restart_wait_s() const { return options_.join_timeout_s + stopping_allowance_s(); }
   std::optional<LaunchResult> take_members(int generation, const std::string& members);
   std::optional<LaunchResult> await_recovery(int generation);
   void enter(int generation, const std::vector<int>& members);
@@ -225,6 +236,12 @@ class Agent {
   std::string published_job_failure();
   LaunchResult signalled_while_restarting();
   void mark_done();
+  // Whether the job's failure is published (the job ends for every agent).
+  bool job_failed();
+  // On the node hosting the store (after mark_done): keeps the store up while the other
+  // agents read why the job ended and stop their workers, until all are done (bounded), or
+  // a second stopping signal.
+  void hold_store();
   // Waits for key until deadline while noticing signals and, with watch_failure, a
   // failure published meanwhile (kept in published_failure_).
   enum class WaitEnd { kSet, kTimeout, kSignal, kFailure };
@@ -352,6 +369,12 @@ LaunchResult Agent::run() {
       }
       if (refused) {
         end_standby();
+        // The job ended (a node dropped from it, or leaving, publishes no failure): as in
+        // finish(), node 0 keeps the store up while the others read why.
+        if (job_failed()) {
+          mark_done();
+          hold_store();
+        }
         remove_snapshot_dir();
         return *refused;
       }
@@ -465,6 +488,7 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   }
   stop_workers(silent ? std::min(options_.stop_grace_s, kSilentLossGrace) : options_.stop_grace_s);
   reap();
+  if (auto stopped = signalled_in_restart()) return stopped;
   const auto ready = std::count_if(standby_.begin(), standby_.end(),
                                    [&](const Worker& w) { return w.running && w.generation == generation; });
   err_.write("trireme run: " + cause.what + "; restarting the workers (restart " +
@@ -490,7 +514,19 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
   } catch (const Error& e) {
     return LaunchResult{1, "lost the rendezvous store at " + rdzv() + " (" + e.what() + ")"};
   }
-  return await_members(generation);
+  if (auto refused = await_members(generation)) return refused;
+  // (A signal that came while the keys its waits looked for were already set.)
+  return signalled_in_restart();
+}
+
+// A stopping signal received during a restart ends it here, not once the next generation's
+// workers have started: SIGTERM to an agent of an elastic job is a preemption notice (it
+// leaves, as it does while the workers run); any other signal ends the job.
+std::optional<LaunchResult> Agent::signalled_in_restart() {
+  pump(Clock::duration::zero());
+  if (!first_signal_) return std::nullopt;
+  if (first_signal_ == SIGTERM && elastic(options_) && !is_host()) return leave({Ending::kSignal, "", SIGTERM});
+  return signalled_while_restarting();
 }
 
 // Waits for the membership of restart `generation` (bounded by --join-timeout), then
@@ -501,7 +537,9 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
 // claimed but not yet named (its claimer died between the two) gets as long, from when
 // this agent first saw the claim.
 std::optional<LaunchResult> Agent::await_members(int generation) {
-  const auto deadline = Clock::now() + std::chrono::seconds(options_.join_timeout_s);
+  // As long as the leader waits for the members to check in: a member slower to stop than
+  // --join-timeout (3 nodes or more) does not make this one give up and end the job.
+  const auto deadline = Clock::now() + seconds(restart_wait_s());
   int attempt = 0;  // the attempt at deciding that this agent follows
   auto followed_since = Clock::now();
   while (true) {
@@ -517,7 +555,7 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
         break;
     }
     if (Clock::now() >= deadline) {
-      const std::string failure = "timed out after " + std::to_string(options_.join_timeout_s) +
+      const std::string failure = "timed out after " + seconds_text(restart_wait_s()) +
                                   " s waiting for the membership of restart " + std::to_string(generation);
       publish_failure(failure);
       return LaunchResult{1, failure};
@@ -565,13 +603,9 @@ std::optional<LaunchResult> Agent::decide_members(int generation, const std::vec
   // (A member's heartbeat keeps the age supervise() saw: its silence counts from then.)
   for (int id : waiting) peer_beats_.emplace(id, std::make_pair(channel_.try_get(keys::alive(id)).value_or(""), now));
   // A member that beats on but never checks in (its agent stuck) is waited for as long as
-  // the followers wait for the decision (--join-timeout), after the longest a member may
-  // take to stop its workers and flush its snapshots before it checks in: the workers'
-  // grace, SIGKILL's reap limit and, with a snapshot keeper, a leaver's flush.
-  const double stopping_s = options_.stop_grace_s + (keeper_ ? options_.preemption_grace_s : 0.0) +
-                            std::chrono::duration<double>(kKillReapLimit).count();
-  const auto deadline = now + std::chrono::seconds(options_.join_timeout_s) +
-                        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stopping_s));
+  // the followers wait for the decision (restart_wait_s).
+  const double stopping_s = stopping_allowance_s();
+  const auto deadline = now + seconds(restart_wait_s());
   while (!waiting.empty()) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       const int id = *it;
@@ -798,7 +832,7 @@ void Agent::make_snapshot_dir() {
   const std::string lock_path = snapshot_dir_ + ".lock";
   for (int attempt = 0; attempt < 100 && area_lock_fd_ < 0; ++attempt) {
     const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) break;  // best effort: this area would only not be swept after a kill -9
+    if (fd < 0) break;
     struct stat held {}, named {};
     // (A sweeper may hold it for a moment, and unlink it: then lock the new file.)
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
@@ -808,6 +842,13 @@ void Agent::make_snapshot_dir() {
       ::close(fd);
       std::this_thread::sleep_for(milliseconds(10));
     }
+  }
+  // Another agent holds it (a stalled one of this node that a replacement took over from):
+  // sharing the area, its cleanup (remove_snapshot_dir) would delete this one's snapshots.
+  if (area_lock_fd_ < 0) {
+    err_.write("trireme run: " + node() + ": could not lock the snapshot area " + snapshot_dir_ +
+               " (another agent holds it?); the workers snapshot to disk\n");
+    snapshot_dir_.clear();
   }
   // On a thread of its own: removing a dead job's hundreds of GB takes longer than a
   // heartbeat may wait.
@@ -1089,22 +1130,38 @@ void Agent::spawn_standby(int generation) {
   }
 }
 
-// Closes the standby workers' activation pipes (they exit on EOF) and reaps them, with
-// what they wrote last.
+// Closes the standby workers' activation pipes, kills them and reaps them, with what they
+// wrote last: all against one kKillReapLimit, the heartbeat going on meanwhile. (Taken out
+// of standby_ first: reap() would report them as dying before they were needed.)
 void Agent::end_standby() {
-  for (auto& w : standby_) {
+  std::vector<Worker> ending = std::exchange(standby_, {});
+  for (auto& w : ending) {
     if (w.go_fd >= 0) ::close(w.go_fd);
+    w.go_fd = -1;
     for (int s = 0; s < 2; ++s) forward(w, s, kDrainReads);
-    if (w.running) {
-      signal_process_group(w.pid, SIGKILL);
-      if (reap_within(w.pid, kKillReapLimit))
-        guard_.forget(w.pid);
-      else
-        leave_behind(w.pid, node() + ": standby worker " + std::to_string(w.pid), "left behind");
-    }
-    for (int s = 0; s < 2; ++s) close_stream(w, s);
+    if (w.running) signal_process_group(w.pid, SIGKILL);
   }
-  standby_.clear();
+  const auto kill_end = Clock::now() + kKillReapLimit;
+  while (true) {
+    for (auto& w : ending) {
+      int status = 0;
+      if (!w.running || !child_ended(w.pid, &status)) continue;
+      guard_.forget(w.pid);  // (before the reap frees its pid)
+      while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
+      }
+      w.running = false;
+    }
+    const bool all_ended = std::none_of(ending.begin(), ending.end(), [](const Worker& w) { return w.running; });
+    if (all_ended || Clock::now() >= kill_end) break;
+    pump(kMembershipPoll);
+  }
+  for (auto& w : ending) {
+    for (int s = 0; s < 2; ++s) {
+      forward(w, s, kDrainReads);
+      close_stream(w, s);
+    }
+    if (w.running) leave_behind(w.pid, node() + ": standby worker " + std::to_string(w.pid), "left behind");
+  }
 }
 
 // ---- step 3: supervise -------------------------------------------------------------------
@@ -1404,9 +1461,9 @@ void Agent::remove_old_rank_dirs() {
 }
 
 // SIGTERM to every worker's process group; SIGKILL to those left after the grace period,
-// or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrives: the
-// first one, arriving during a stop for a failure (a scheduler's scancel, say), leaves the
-// workers their grace.
+// or at once when a second stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) has arrived,
+// before the stop or during it: the first one, arriving during a stop for a failure (a
+// scheduler's scancel, say), leaves the workers their grace.
 // A worker that already exited may have left children in its process group (a shell's
 // background job, a launcher's child): they get the same signals through the group. That
 // is safe because reap() leaves an exited worker a zombie (child_ended): its pid, the
@@ -1418,9 +1475,8 @@ void Agent::stop_workers(double grace_s) {
     for (auto& w : workers_) signal_process_group(w.pid, signal);  // (ignores pid -1: reaped)
   };
   signal_all(SIGTERM);
-  const int signals_before = signal_count_;
   const auto grace_end = Clock::now() + seconds(grace_s);
-  const auto hurried = [&] { return signal_count_ > signals_before && signal_count_ >= 2; };
+  const auto hurried = [&] { return signal_count_ >= 2; };
   while (any_running() && Clock::now() < grace_end && !hurried())
     pump(grace_end - Clock::now());
   signal_all(SIGKILL);
@@ -1428,9 +1484,9 @@ void Agent::stop_workers(double grace_s) {
   while (any_running() && Clock::now() < kill_end) pump(kill_end - Clock::now());
   for (auto& w : workers_) {
     if (w.running || w.pid < 0) continue;
+    guard_.forget(w.pid);  // (before the reap frees its pid, which the guard would kill if this agent died)
     while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
     }
-    guard_.forget(w.pid);
     w.pid = -1;
   }
 }
@@ -1531,15 +1587,36 @@ LaunchResult Agent::finish(const Event& event) {
   stop_workers(options_.stop_grace_s);
   if (event.ending == Ending::kStoreLost) return result;
   mark_done();
-  // Keep the store up while the other agents read the failure and stop their workers.
-  if (is_host()) {
-    try {
-      wait_key(keys::kAllDone, Clock::now() + seconds(2 * options_.stop_grace_s + 10), false);
-    } catch (const Error&) {
-      // Our own store failed: there is nobody left to wait for.
-    }
-  }
+  hold_store();
   return result;
+}
+
+bool Agent::job_failed() {
+  try {
+    return channel_.try_get(keys::kFailure).has_value();
+  } catch (const Error&) {
+    return false;  // the store is gone: nobody reads this agent's keys any more
+  }
+}
+
+void Agent::hold_store() {
+  if (!is_host()) return;
+  // A first stopping signal (perhaps the one that ended the job) does not cut this short:
+  // the others would report a lost store instead of the failure.
+  // Nor is a member lost (its heartbeat stopped for --node-timeout) waited for.
+  const auto deadline = Clock::now() + seconds(2 * options_.stop_grace_s + 10);
+  const auto others_running = [&] {
+    for (int id : members_)
+      if (id != options_.node_rank && !channel_.try_get(keys::done(id)) && !stale(id, Clock::now())) return true;
+    return false;
+  };
+  try {
+    while (!channel_.wait_for(keys::kAllDone, kWaitSlice) && Clock::now() < deadline && signal_count_ < 2 &&
+           others_running())
+      pump(Clock::duration::zero());
+  } catch (const Error&) {
+    // Our own store failed: there is nobody left to wait for.
+  }
 }
 
 LaunchResult Agent::finish_success() {
