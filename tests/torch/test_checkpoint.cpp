@@ -82,6 +82,17 @@ TEST(CheckpointRetention, AStepThatCannotBeRemovedIsLeftWithAWarning) {
   EXPECT_TRUE(at::equal(latest->read("w", {{0}, {4}}), at::full({4}, 2.0f)));
 }
 
+// A restarted job's leader whose earlier generation still holds the lock (its rank 0 on a
+// lost machine, whose flock on a network file system lasts until its lease ends) goes on
+// without it, saying so, instead of ending the job that is recovering; a new job is refused.
+TEST(CheckpointWriterLock, ARestartedJobGoesOnWithoutALockItsEarlierGenerationHolds) {
+  TempDir tmp;
+  const std::string root = tmp.path + "/root";
+  const trireme::ft::WriterLock earlier(root);
+  EXPECT_NO_THROW(trireme::ft::WriterLock(root, std::chrono::milliseconds(100), /*restarted=*/true));
+  EXPECT_THROW(trireme::ft::WriterLock(root, std::chrono::milliseconds(100)), trireme::Unrecoverable);
+}
+
 // Two writers on one root: the second is refused, naming the root and the fix; once the
 // first is gone, a writer takes the root again. The lock file is no step.
 TEST(CheckpointWriterLock, ASecondWriterOfARootIsRefused) {

@@ -226,7 +226,7 @@ at::Tensor host_data(const SavedPiece& piece) {
   return piece.data.detach().to(at::kCPU).contiguous();
 }
 
-WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait) {
+WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait, bool restarted) {
   fs::create_directories(root);
   const std::string path = root + "/.writer";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -239,6 +239,13 @@ WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait) 
       continue;
     }
     ::close(fd_);
+    fd_ = -1;
+    if (error == EWOULDBLOCK && restarted) {
+      std::fprintf(stderr, "trireme: %s is still locked, presumably by this job's earlier generation (a lost "
+                           "machine's lock lasts until its lease ends); writing checkpoints without the lock\n",
+                   path.c_str());
+      return;
+    }
     if (error == EWOULDBLOCK)
       TRIREME_THROW(Unrecoverable, "checkpoint directory ", root, " is being written by another job (or another "
                     "checkpoint writer of this one; ", path, " is locked): give each job its own --checkpoint-dir");
@@ -246,7 +253,9 @@ WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait) 
   }
 }
 
-WriterLock::~WriterLock() { ::close(fd_); }  // releases the flock
+WriterLock::~WriterLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
 
 std::vector<int64_t> checkpoint_steps(const std::string& root) {
   std::vector<int64_t> steps;

@@ -108,11 +108,14 @@ void commit_local_checkpoint(const std::string& root, int64_t step, const Checkp
 // inspect` ignore the file (it is no step).
 class WriterLock {
  public:
-  // Creates `root` if needed and takes the lock, trying for up to `wait` (a restarted job's
-  // leader waits for its killed predecessor to be gone). Throws Unrecoverable naming the
-  // root when another writer holds it (a restart would meet it again), Error when the file
-  // cannot be opened.
-  explicit WriterLock(const std::string& root, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  // Creates `root` if needed and takes the lock, trying for up to `wait`. Throws
+  // Unrecoverable naming the root when another writer holds it (a restart would meet it
+  // again), Error when the file cannot be opened. `restarted`: this job's earlier
+  // generation may be the holder (its rank 0 being killed, or on a lost machine whose lock
+  // on a network file system lasts until its lease ends): then, past `wait`, one line says
+  // so and the writer goes on without the lock rather than end a job that is recovering.
+  explicit WriterLock(const std::string& root, std::chrono::milliseconds wait = std::chrono::milliseconds(0),
+                      bool restarted = false);
   ~WriterLock();
   WriterLock(const WriterLock&) = delete;
   WriterLock& operator=(const WriterLock&) = delete;

@@ -559,11 +559,14 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, cons
   const dist::Store store = s.world->store();
   const int rank = s.world->rank(), size = s.world->size();
   const CheckpointLayout layout = s.layout;
-  // Rank 0 commits: it holds the root for the writer's life (a restarted job's leader
-  // waits a little for its killed predecessor's lock to go).
+  // Rank 0 commits: it holds the root for the writer's life. A restarted job's leader waits
+  // a little for its killed predecessor's lock to go, then goes on without it; a new job
+  // waits 2 s (a run resumed right after the last one ended, its writer finishing).
   const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const auto wait = std::chrono::milliseconds(restarts && std::atoi(restarts) > 0 ? 10000 : 0);
-  const std::shared_ptr<const WriterLock> lock = rank == 0 ? std::make_shared<const WriterLock>(root, wait) : nullptr;
+  const bool restarted = restarts && std::atoi(restarts) > 0;
+  const auto wait = std::chrono::milliseconds(restarted ? 10000 : 2000);
+  const std::shared_ptr<const WriterLock> lock =
+      rank == 0 ? std::make_shared<const WriterLock>(root, wait, restarted) : nullptr;
   return std::make_unique<BackgroundWriter>(
       [=](int64_t step, const std::vector<SavedPiece>& pieces) {
         (void)lock;  // held as long as the writer
