@@ -205,8 +205,8 @@ class Agent {
     return options_.stop_grace_s + (keeper_ ? options_.preemption_grace_s : 0.0) +
            std::chrono::duration<double>(kKillReapLimit).count();
   }
-  // How long a restart's leader waits for the members to check in, and its followers for
-  // its decision: --join-timeout after stopping_allowance_s().
+  // How long a restart's leader waits for the members to check in: --join-timeout after
+  // stopping_allowance_s() (its followers wait that much longer for its decision).
   double restart_wait_s() const { return options_.join_timeout_s + stopping_allowance_s(); }
   std::optional<LaunchResult> take_members(int generation, const std::string& members);
   std::optional<LaunchResult> await_recovery(int generation);
@@ -537,9 +537,12 @@ std::optional<LaunchResult> Agent::signalled_in_restart() {
 // claimed but not yet named (its claimer died between the two) gets as long, from when
 // this agent first saw the claim.
 std::optional<LaunchResult> Agent::await_members(int generation) {
-  // As long as the leader waits for the members to check in: a member slower to stop than
-  // --join-timeout (3 nodes or more) does not make this one give up and end the job.
-  const auto deadline = Clock::now() + seconds(restart_wait_s());
+  // As long as the leader waits for the members to check in, counted from when the leader
+  // may begin (it may itself take the stopping allowance to check in): a member slower to
+  // stop than --join-timeout (3 nodes or more) does not make this one give up first and
+  // end the job.
+  const double wait_s = restart_wait_s() + stopping_allowance_s();
+  const auto deadline = Clock::now() + seconds(wait_s);
   int attempt = 0;  // the attempt at deciding that this agent follows
   auto followed_since = Clock::now();
   while (true) {
@@ -555,7 +558,7 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
         break;
     }
     if (Clock::now() >= deadline) {
-      const std::string failure = "timed out after " + seconds_text(restart_wait_s()) +
+      const std::string failure = "timed out after " + seconds_text(wait_s) +
                                   " s waiting for the membership of restart " + std::to_string(generation);
       publish_failure(failure);
       return LaunchResult{1, failure};
