@@ -62,6 +62,21 @@ TEST(SimulateTable, ZeroNodesRunNothingAndPastTheEndUsesTheLastEntry) {
   EXPECT_EQ(trireme::plan::samples_per_s(table, 7), 25);
 }
 
+TEST(SimulateState, EveryReplicaLoadsItsStagesWholeState) {
+  using trireme::plan::state_bytes_per_machine;
+  // 16 GB of parameters, 48 GB of optimizer state; dp 4 x tp 2 x pp 2 on 2 machines of 8.
+  // Each device holds 64 / 4 = 16 GB; a machine 8 of them. Dividing the model's 64 GB over
+  // the 2 machines (32 GB) would miss that 4 replicas each hold a whole copy.
+  EXPECT_DOUBLE_EQ(state_bytes_per_machine(16e9, 48e9, {4, 2, 2, 0, 8}), 128e9);
+  EXPECT_DOUBLE_EQ(state_bytes_per_machine(16e9, 48e9, {4, 2, 2, 1, 8}), 8 * (16e9 + 12e9) / 4);
+  // One device a machine, pure data parallel: every machine holds the whole state.
+  EXPECT_DOUBLE_EQ(state_bytes_per_machine(1e9, 2e9, {8, 1, 1, 0, 1}), 3e9);
+  // A machine larger than the job holds at most all its devices' state.
+  EXPECT_DOUBLE_EQ(state_bytes_per_machine(1e9, 2e9, {2, 1, 1, 0, 8}), 2 * 3e9);
+  EXPECT_THROW(state_bytes_per_machine(1e9, 2e9, {0, 1, 1, 0, 1}), InvalidArgument);
+  EXPECT_THROW(state_bytes_per_machine(-1, 2e9, {1, 1, 1, 0, 1}), InvalidArgument);
+}
+
 TEST(Simulate, ConstantTraceTrainsAtTheTableRateAndPaysForEveryNode) {
   ReplayOptions o;
   o.fixed_samples_per_s = {0, 100, 200, 300, 400, 500, 600, 700, 800};
@@ -138,6 +153,26 @@ TEST(Simulate, LosingMoreNodesThanParityFallsBackToDisk) {
   EXPECT_DOUBLE_EQ(held.useful_samples, 90 * 40 + 855 * 20);
   o.parity_nodes = 0;  // no redundancy: any loss goes to disk
   EXPECT_EQ(replay(trace({{0, 4}, {100, 3}}), o, Policy::kMemory).disk_fallbacks, 1);
+}
+
+TEST(Simulate, LosingEveryNodeFallsBackToDiskWhateverTheParity) {
+  // 2 nodes, parity 1: 1 lost at 100 s recovers from memory (until 145 s). The job then
+  // runs on 1 node; losing it at 340 s leaves no survivor to rebuild from, so memory cannot
+  // hold the state even though one loss is within parity.
+  const auto r = replay(trace({{0, 2}, {100, 1}, {340, 0}, {400, 2}}), hand_job(), Policy::kMemory);
+  EXPECT_EQ(r.disk_fallbacks, 1);
+  // Lost: the step in flight at 100 s (10 s), at 340 s (15 s, from 325 s), and the 30 s
+  // since the background disk checkpoint of 295 s.
+  EXPECT_DOUBLE_EQ(r.work_lost_s, 10 + 15 + 30);
+  // Back at 400 s: restart 30 s and a disk load of 20 s; then 550 s on 2 nodes.
+  EXPECT_DOUBLE_EQ(r.downtime_s, 45 + 30 + 20);
+  EXPECT_DOUBLE_EQ(r.idle_s, 60);
+  EXPECT_DOUBLE_EQ(r.useful_samples, 90 * 20 + 150 * 10 + 550 * 20);
+  expect_time_adds_up(r);
+  // Likewise when all nodes go at once, with parity as large as the job.
+  auto o = hand_job();
+  o.parity_nodes = 2;
+  EXPECT_EQ(replay(trace({{0, 2}, {100, 0}, {200, 2}}), o, Policy::kMemory).disk_fallbacks, 1);
 }
 
 TEST(Simulate, ALossDuringRecoveryRestartsItAndItsLossesAddUp) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "trireme/common/error.h"
+#include "trireme/plan/simulate.h"
 
 using trireme::InvalidArgument;
 using trireme::plan::Availability;
@@ -70,15 +71,38 @@ std::string trace_dir() {
 
 }  // namespace
 
-TEST(TraceFormats, EventsReplayToCountsAndCollapseOneInstant) {
-  // CRLF endings; at t = 60 s one add and one remove cancel; the count is 0 before 30 s.
+TEST(TraceFormats, EventsReplayToCountsAndSplitAnInstantOfRemovesAndAdds) {
+  // CRLF endings; the count is 0 before 30 s. At t = 60 s a is removed and c added: their
+  // net count would not change, so the loss of a would vanish (no detection, no restart, no
+  // rollback in a replay). The instant is two points: 1 after the remove at 60 s, 2 after
+  // the add 1 ms later. Rows of one kind at one instant still collapse (the two adds at 30 s).
   const auto a = read_text("30000,add,a\r\n30000,add,b\r\n60000,add,c\r\n60000,remove,a\r\n\r\n90000,remove,b\r\n");
-  EXPECT_EQ(a.points, (Points{{0, 0}, {30, 2}, {90, 1}}));
+  EXPECT_EQ(a.points, (Points{{0, 0}, {30, 2}, {60, 1}, {60 + 0.001, 2}, {90, 1}}));
   EXPECT_DOUBLE_EQ(a.duration_s, 90);
   EXPECT_EQ(a.peak(), 2);
   EXPECT_EQ(a.final_live(), 1);
   EXPECT_EQ(a.live_at(29.9), 0);
   EXPECT_EQ(a.live_at(30), 2);
+  const auto s = summarize(a);
+  EXPECT_EQ(s.preemptions, 2);
+  EXPECT_EQ(s.additions, 3);
+}
+
+TEST(TraceFormats, ARemoveAndAnAddAtOneInstantAreALossAndAnAddition) {
+  const auto a = read_text("0,add,a\n0,add,b\n60000,remove,a\n60000,add,c\n120000,remove,b\n");
+  EXPECT_EQ(a.points, (Points{{0, 2}, {60, 1}, {60 + 0.001, 2}, {120, 1}}));
+  EXPECT_EQ(summarize(a).preemptions, 2);
+  // A replay sees both losses: restarts at 60 s, again at the add 1 ms later, and at 120 s.
+  trireme::plan::ReplayOptions o;
+  o.fixed_samples_per_s = {0, 10, 20};
+  EXPECT_EQ(trireme::plan::replay(a, o, trireme::plan::Policy::kMemory).restarts, 3);
+  // A node added and removed within one instant is neither; the replaced node b still counts.
+  const auto b = read_text("0,add,a\n0,add,b\n60000,add,c\n60000,remove,c\n60000,remove,b\n60000,add,d\n");
+  EXPECT_EQ(b.points, (Points{{0, 2}, {60, 1}, {60 + 0.001, 2}}));
+  // json-events replay the same way.
+  const auto j = read_text("[0, \"add\", {\"nodes\": [\"a\", \"b\"]}]\n[60000, \"remove\", {\"nodes\": [\"a\"]}]\n"
+                           "[60000, \"add\", {\"nodes\": [\"c\"]}]\n");
+  EXPECT_EQ(summarize(j).preemptions, 1);
 }
 
 TEST(TraceFormats, CountRowsAreMillisecondsAndTheLastOfAnInstantWins) {
@@ -326,5 +350,11 @@ TEST(TraceReal, FactsTheReadmeStates) {
   EXPECT_EQ(five.max_live, 30);
   EXPECT_EQ(five.preemptions, 15);
   EXPECT_EQ(five.final_live, 15);
-  EXPECT_EQ(summarize(load("oobleck/scaled/scale_p3-trace.csv")).min_live, 15);
+  // The net count stays within 15-30 as the README says; at instants where a node is removed
+  // at 15 and another added, the replay dips to 14 for 1 ms.
+  const auto scaled = summarize(load("oobleck/scaled/scale_p3-trace.csv"));
+  EXPECT_EQ(scaled.min_live, 14);
+  EXPECT_EQ(scaled.max_live, 30);
+  // gcp: 72 remove rows, 24 of them at an instant with an add.
+  EXPECT_EQ(summarize(load("oobleck/scaled/scale_gcp-trace.csv")).preemptions, 72);
 }

@@ -155,10 +155,16 @@ int simulate_main(const std::vector<std::string>& args) {
                 " is shorter than one step of the plan (", r.step_s, " s); give at least one step");
   // The state to load: every device's parameters and optimizer state (mixed precision or
   // fp32, as the profile says), read from shared storage or rebuilt from peers' memory.
-  double state_bytes = 0;
-  for (const plan::LayerProfile& layer : profile.layers)
-    state_bytes += static_cast<double>(layer.parameters) * (profile.state.param + profile.state.optimizer);
-  const double per_machine = state_bytes / std::max(1, g.machines);
+  // Each data-parallel replica holds its stage's whole state, so a machine's share is not
+  // the model's state over the machines (plan::state_bytes_per_machine).
+  double param_bytes = 0, optimizer_bytes = 0;
+  for (const plan::LayerProfile& layer : profile.layers) {
+    param_bytes += static_cast<double>(layer.parameters) * profile.state.param;
+    optimizer_bytes += static_cast<double>(layer.parameters) * profile.state.optimizer;
+  }
+  const double state_bytes = param_bytes + optimizer_bytes;
+  const double per_machine =
+      plan::state_bytes_per_machine(param_bytes, optimizer_bytes, {p.dp, p.tp, p.pp, p.zero, g.devices_per_machine});
   r.disk_load_s = per_machine / (f.storage_gbps * 1e9 / 8);  // each machine reads its share
   r.checkpoint_stall_s = 0;  // written in the background from the in-memory snapshot (issue 5)
   const double inter = g.inter.bandwidth_Bps > 0 ? g.inter.bandwidth_Bps : profile.p2p.bandwidth_Bps;

@@ -40,6 +40,7 @@ class Replay {
     replan_s_ = policy == Policy::kMemoryReplan ? o.replan_s : 0;
     mode_ = runnable() ? kRunning : kWaiting;
     started_ = mode_ == kRunning;
+    ran_with_ = n_;
     record();
   }
 
@@ -97,11 +98,13 @@ class Replay {
       if (runnable()) {
         started_ = true;
         mode_ = kRunning;
+        ran_with_ = n_;
       }
       record();
       return;
     }
-    if (!memory_ || lost_in_window_ > o_.parity_nodes) fall_back();
+    // Memory rebuilds the state from the survivors: at most m lost, and at least one left.
+    if (!memory_ || lost_in_window_ > std::min(o_.parity_nodes, ran_with_ - 1)) fall_back();
     if (!runnable()) {
       mode_ = kWaiting;
     } else {
@@ -174,6 +177,7 @@ class Replay {
 
   void end_recovery() {
     mode_ = kRunning;
+    ran_with_ = n_;
     lost_in_window_ = 0;
     from_disk_ = false;
     since_step_s_ = 0;
@@ -203,6 +207,7 @@ class Replay {
   double since_ckpt_samples_ = 0;
   double since_step_s_ = 0;      // training since the last step boundary
   int lost_in_window_ = 0;       // nodes lost since the job last ran
+  int ran_with_ = 0;             // nodes the job last ran with
   bool from_disk_ = false;       // this recovery loads from disk
 };
 
@@ -220,6 +225,18 @@ const char* policy_name(Policy policy) {
 double samples_per_s(const std::vector<double>& table, int nodes) {
   if (nodes <= 0 || table.empty()) return 0;
   return table[std::min<size_t>(static_cast<size_t>(nodes), table.size() - 1)];
+}
+
+double state_bytes_per_machine(double param_bytes, double optimizer_bytes, const StateLayout& layout) {
+  const StateLayout& l = layout;
+  TRIREME_CHECK(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.devices_per_machine >= 1 && l.zero >= 0,
+                "state_bytes_per_machine: dp, tp, pp and devices_per_machine must be >= 1 and zero >= 0, got dp ", l.dp,
+                ", tp ", l.tp, ", pp ", l.pp, ", devices_per_machine ", l.devices_per_machine, ", zero ", l.zero);
+  TRIREME_CHECK(param_bytes >= 0 && optimizer_bytes >= 0, "state_bytes_per_machine: byte counts must be >= 0, got ",
+                param_bytes, " and ", optimizer_bytes);
+  const double shards = static_cast<double>(l.tp) * l.pp;
+  const double per_device = (param_bytes + optimizer_bytes / (l.zero > 0 ? l.dp : 1)) / shards;
+  return per_device * std::min(static_cast<double>(l.devices_per_machine), shards * l.dp);
 }
 
 PolicyResult replay(const Availability& trace, const ReplayOptions& options, Policy policy) {

@@ -29,7 +29,8 @@
 //                  snapshots are also written to disk every checkpoint_every_s of training,
 //                  in the background (no stall); such a checkpoint holds the state at the
 //                  last step boundary. Fallback: when the nodes lost since the job last
-//                  ran exceed parity_nodes m, memory cannot rebuild the state and the
+//                  ran exceed parity_nodes m, or leave none of the nodes it ran with (lost
+//                  > min(m, ran_with - 1)), memory cannot rebuild the state and the
 //                  recovery takes the disk path (rollback to the disk checkpoint, disk
 //                  load). The trace does not say which nodes went, so all of them are
 //                  assumed to be in one redundancy group (the worst case).
@@ -108,6 +109,22 @@ struct PolicyResult {
 
 // r(n) for a table: 0 for n <= 0, the last entry past the table's end.
 double samples_per_s(const std::vector<double>& table, int nodes);
+
+// The layout a machine's share of the training state depends on.
+struct StateLayout {
+  int dp = 1, tp = 1, pp = 1;
+  int zero = 0;                 // > 0: the optimizer state is split over the dp replicas
+  int devices_per_machine = 1;
+};
+
+// Bytes of training state one machine holds (what a recovery loads onto it), given the whole
+// model's parameter and optimizer state. Each device holds 1 / (tp * pp) of it, since every
+// data-parallel replica holds its stage's whole state (the optimizer part / dp under ZeRO);
+// a machine holds devices_per_machine devices' worth (at most dp * tp * pp). Example: 16 GB
+// of parameters and 48 GB of optimizer state, dp 4 x tp 2 x pp 2, 8 devices a machine:
+// 8 * (16 + 48) / 4 = 128 GB without ZeRO, 8 * (16 + 48 / 4) / 4 = 56 GB with it.
+// Throws InvalidArgument for a size below 1 or a negative byte count.
+double state_bytes_per_machine(double param_bytes, double optimizer_bytes, const StateLayout& layout);
 
 // Throws InvalidArgument naming the bad option or trace.
 PolicyResult replay(const Availability& trace, const ReplayOptions& options, Policy policy);

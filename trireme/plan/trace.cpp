@@ -113,20 +113,57 @@ class LineReader {
   int number_ = 0;
 };
 
-// Live node names, for the event-list formats.
+// Live node names, for the event-list formats, and the samples they replay to. The rows at
+// one time are one instant. An instant with removes and adds makes two samples: the count
+// after its removes at t, the count after its adds 1 ms later. A net count alone would let
+// a remove and an add cancel, and a replay would see no loss where a node was preempted.
+// A node added and removed within one instant counts as neither.
 class NodeSet {
  public:
+  static constexpr double kAddsAfterRemovesS = 0.001;  // one unit of the formats' ms times
+
+  // Opens the instant at t (rows must not go back in time), closing the one before.
+  void at(const LineReader& r, const std::string& line, double t, Samples* s) {
+    if (open_ && t < t_) r.fail(line, "a time no earlier than the row before");
+    if (open_ && t == t_) return;
+    flush(s);
+    open_ = true;
+    t_ = t;
+    start_ = size();
+    removed_ = 0;
+    added_now_.clear();
+  }
   void apply(const LineReader& r, const std::string& line, const std::string& kind, const std::string& node) {
     if (kind == "add") {
       if (!live_.insert(node).second) r.fail(line, "an add of a node not live (`" + node + "` is live already)");
+      added_now_.insert(node);
     } else if (live_.erase(node) == 0) {
       r.fail(line, "a remove of a live node (`" + node + "` is not live)");
+    } else if (added_now_.erase(node) == 0) {
+      ++removed_;
+    }
+  }
+  // Closes the open instant: its samples go to s.
+  void flush(Samples* s) {
+    if (!open_) return;
+    open_ = false;
+    const int after_removes = start_ - removed_;
+    if (removed_ > 0 && !added_now_.empty()) {
+      s->emplace_back(t_, after_removes);
+      s->emplace_back(t_ + kAddsAfterRemovesS, size());
+    } else {
+      s->emplace_back(t_, size());
     }
   }
   int size() const { return static_cast<int>(live_.size()); }
 
  private:
   std::set<std::string> live_;
+  std::set<std::string> added_now_;  // added in the open instant and still live
+  bool open_ = false;
+  double t_ = 0;
+  int start_ = 0;    // live when the open instant began
+  int removed_ = 0;  // of those, removed in it
 };
 
 void check_time_ascends(const LineReader& r, const std::string& line, const Samples& s, double t) {
@@ -170,10 +207,10 @@ Availability read_events(LineReader& r) {
     double t_ms = 0;
     if (f.size() != 3 || !to_double(f[0], &t_ms) || t_ms < 0 || (f[1] != "add" && f[1] != "remove") || f[2].empty())
       r.fail(line, "`t_ms,add|remove,node` (events format)");
-    check_time_ascends(r, line, s, t_ms / 1000);
+    live.at(r, line, t_ms / 1000, &s);
     live.apply(r, line, f[1], f[2]);
-    s.emplace_back(t_ms / 1000, live.size());
   }
+  live.flush(&s);
   return make_availability(r.path(), s, 0, s.empty() ? 0 : s.back().first);
 }
 
@@ -253,14 +290,13 @@ Availability read_json_events(LineReader& r) {
     if (kind != "add" && kind != "remove" && kind != "no-op" && kind != "other" && kind != "DONE")
       r.fail(line, expected);
     const double t = t_ms / 1000;
-    check_time_ascends(r, line, s, t);
+    live.at(r, line, t, &s);
     for (size_t a = line.find('"', open); a < close; a = line.find('"', a + 1)) {
       const size_t b = line.find('"', a + 1);
       if (b > close) r.fail(line, expected);
       if (kind == "add" || kind == "remove") live.apply(r, line, kind, line.substr(a + 1, b - a - 1));
       a = b;
     }
-    s.emplace_back(t, live.size());
     end = std::max(end, t);
     const auto dur = line.find("\"duration\"");
     if (dur != std::string::npos) {
@@ -276,6 +312,7 @@ Availability read_json_events(LineReader& r) {
       end = t;
     }
   }
+  live.flush(&s);
   return make_availability(r.path(), s, 0, end);
 }
 

@@ -6,8 +6,10 @@
 //   point          (t, n): from t seconds on, n nodes are live, until the next point's t.
 //                  Points are strictly ascending in t, the first is at t = 0, and no two
 //                  neighbours carry the same n (only changes are kept)
-//   collapse       several rows at the same t make one point: the last row's count wins,
-//                  so an add and a remove at one instant cancel
+//   collapse       several rows at the same t make one point: the last row's count wins.
+//                  The event formats replay an instant with both removes and adds to two
+//                  points, the count after the removes at t and the final count at t + 1 ms,
+//                  so a preempted node replaced at once is still a loss
 //   preemptions    nodes lost: the sum of the drops of the step function (a drop of 3 at
 //                  one instant is 3 preemptions and 1 loss instant); additions likewise.
 //                  The count at t = 0 is the starting level, neither
