@@ -518,6 +518,36 @@ TEST(LoadSnapshot, BuffersAreThoseOfTheStepSnapshotted) {
   EXPECT_TRUE(at::equal(running, want)) << "max diff " << (running - want).abs().max().item<float>();
 }
 
+namespace {
+
+// The state of one parameter `w` of a data-parallel pair (rank `world.rank()`), and the
+// node directories of an `area`: rank 0's holds its snapshot of step 1, rank 1's nothing
+// (node 1 lost its memory). Returns this rank's node directory.
+std::string pair_with_rank0_snapshot(trireme::ft::TrainingState& state, World& world, const at::Tensor& w,
+                                     torch::optim::AdamW& optimizer, const std::string& area) {
+  const int rank = world.rank();
+  state.world = &world;
+  state.parameters = {{"w", w}};
+  state.dp = 2;
+  state.dp_rank = rank;
+  state.dp_group = world.group();
+  state.adamw = &optimizer;
+  state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
+  const std::string node = area + "/node" + std::to_string(rank);
+  std::filesystem::create_directories(node);
+  if (rank == 0) {
+    trireme::ft::CheckpointLayout own = state.layout;
+    own.rank = rank;
+    Snapshotter snapshots(node + "/rank-0", own);
+    trireme::ft::take_snapshot(state, snapshots, 1);
+    snapshots.before_update();
+    snapshots.wait();
+  }
+  return node;
+}
+
+}  // namespace
+
 // Whole snapshots restored from the agents' memory where only one replica's node holds
 // one: the donor broadcasts its parameters and AdamW state into the other replica's, also
 // where those are not contiguous. (The broadcast goes through contiguous copies: Gloo
@@ -532,23 +562,7 @@ TEST(LoadSnapshot, MemoryDonorBroadcastFillsNonContiguousTensors) {
     w.mutable_grad() = at::ones_like(w);
     optimizer.step();
     trireme::ft::TrainingState state;
-    state.world = &world;
-    state.parameters = {{"w", w}};
-    state.dp = 2;
-    state.dp_rank = rank;
-    state.dp_group = world.group();
-    state.adamw = &optimizer;
-    state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
-    const std::string node = area.path + "/node" + std::to_string(rank);
-    std::filesystem::create_directories(node);
-    if (rank == 0) {  // node 1 lost its memory
-      trireme::ft::CheckpointLayout own = state.layout;
-      own.rank = rank;
-      Snapshotter snapshots(node + "/rank-0", own);
-      trireme::ft::take_snapshot(state, snapshots, 1);
-      snapshots.before_update();
-      snapshots.wait();
-    }
+    const std::string node = pair_with_rank0_snapshot(state, world, w, optimizer, area.path);
     const at::Tensor want = w.detach().clone();
     const auto adam = trireme::parallel::adamw_state(optimizer, w.unsafeGetTensorImpl());
     const at::Tensor want_avg = adam.exp_avg.clone(), want_sq = adam.exp_avg_sq.clone();
@@ -580,24 +594,8 @@ TEST(LoadSnapshot, GeneratorsAreRestoredFromMemoryOnEveryRankOrNone) {
     const at::Tensor w = at::ones({2, 3}).requires_grad_(true);
     torch::optim::AdamW optimizer(std::vector<at::Tensor>{w}, torch::optim::AdamWOptions(1e-2));
     trireme::ft::TrainingState state;
-    state.world = &world;
-    state.parameters = {{"w", w}};
-    state.dp = 2;
-    state.dp_rank = rank;
-    state.dp_group = world.group();
-    state.adamw = &optimizer;
     state.split_rng = std::make_shared<trireme::tensor::RngTracker>(7, 0);  // equal streams, as TP peers'
-    state.layout = {"dp=2", 2, 1, 1, 0, -1, ""};
-    const std::string node = area.path + "/node" + std::to_string(rank);
-    std::filesystem::create_directories(node);
-    if (rank == 0) {  // node 1 lost its memory
-      trireme::ft::CheckpointLayout own = state.layout;
-      own.rank = rank;
-      Snapshotter snapshots(node + "/rank-0", own);
-      trireme::ft::take_snapshot(state, snapshots, 1);
-      snapshots.before_update();
-      snapshots.wait();
-    }
+    const std::string node = pair_with_rank0_snapshot(state, world, w, optimizer, area.path);
     at::Generator& split = state.split_rng->split_generator();
     at::rand({16}, split);  // both streams move on from the snapshot's state
     const at::Tensor moved_on = split.get_state();
