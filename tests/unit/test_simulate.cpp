@@ -175,6 +175,27 @@ TEST(Simulate, LosingEveryNodeFallsBackToDiskWhateverTheParity) {
   EXPECT_EQ(replay(trace({{0, 2}, {100, 0}, {200, 2}}), o, Policy::kMemory).disk_fallbacks, 1);
 }
 
+// The step in flight is a step of the global batch at the rate of the nodes running: with
+// fewer nodes than the plan's it takes longer than the plan's step. Here a step of 2
+// samples takes 1 s on 3 nodes (the plan) but 2 s on 2; 1.5 s into a run on 2 nodes no
+// step has ended, so a loss then takes all 1.5 samples (before, the plan's 1 s step
+// wrapped: 0.5 s lost and 1 sample kept).
+TEST(Simulate, TheStepInFlightIsOneOfTheGlobalBatchAtTheNodesRate) {
+  ReplayOptions o;
+  o.fixed_samples_per_s = {0, 1, 1, 2};
+  o.step_s = 1;
+  o.samples_per_step = 2;
+  o.checkpoint_every_s = 100;
+  o.checkpoint_stall_s = o.disk_load_s = o.detect_s = o.restart_s = o.memory_load_s = o.replan_s = 0;
+  o.parity_nodes = 1;
+  const auto r = replay(trace({{0, 2}, {1.5, 1}}, 2), o, Policy::kMemory);
+  EXPECT_DOUBLE_EQ(r.work_lost_s, 1.5);
+  EXPECT_DOUBLE_EQ(r.useful_samples, 0.5);  // the 0.5 s on 1 node after it
+  expect_time_adds_up(r);
+  o.samples_per_step = 0;  // unknown: the plan's step, as before
+  EXPECT_DOUBLE_EQ(replay(trace({{0, 2}, {1.5, 1}}, 2), o, Policy::kMemory).useful_samples, 1.5);
+}
+
 TEST(Simulate, ALossDuringRecoveryRestartsItAndItsLossesAddUp) {
   auto o = hand_job();
   // 100 s: one lost (memory recovery until 145 s). 120 s: a second: two since the job

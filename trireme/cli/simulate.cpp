@@ -151,6 +151,7 @@ int simulate_main(const std::vector<std::string>& args) {
   r.min_nodes = 1;
   r.price_per_node_hour = g.price_per_hour;
   r.step_s = p.predicted_step_s > 0 ? p.predicted_step_s : 1;
+  r.samples_per_step = static_cast<double>(p.global_batch);
   TRIREME_CHECK(r.checkpoint_every_s >= r.step_s, "--checkpoint-every-s ", r.checkpoint_every_s,
                 " is shorter than one step of the plan (", r.step_s, " s); give at least one step");
   // The state to load: every device's parameters and optimizer state (mixed precision or

@@ -414,8 +414,8 @@ Checkpoint Checkpoint::open(const std::string& dir, bool verify_data) {
     }
     // (Last: a manifest edited into a structural fault is named by that fault. Manifests
     // written before 2026-12-07 carry no such CRC.)
-    if (m.contains("tensors_crc32") &&
-        field(m, "tensors_crc32", where).get<uint32_t>() != tensors_crc(field(m, "tensors", where)))
+    if (m.contains("tensors_crc32") && (!m["tensors_crc32"].is_number_unsigned() ||
+                                        m["tensors_crc32"].get<uint64_t>() != tensors_crc(field(m, "tensors", where))))
       TRIREME_THROW(CheckpointCorrupt, where, ": its tensors do not match their CRC-32 (the manifest was changed "
                     "after it was written)");
   } catch (const nlohmann::json::exception& e) {

@@ -20,6 +20,8 @@ void check_options(const Availability& trace, const ReplayOptions& o) {
   TRIREME_CHECK(!o.fixed_samples_per_s.empty(), "replay: fixed_samples_per_s is empty; give samples/s per node count");
   for (const auto* table : {&o.fixed_samples_per_s, &o.replanned_samples_per_s})
     for (double r : *table) TRIREME_CHECK(r >= 0, "replay: a throughput table holds ", r, "; rates must be >= 0");
+  TRIREME_CHECK(o.samples_per_step >= 0, "replay: samples_per_step must be >= 0 (0: unknown), got ",
+                o.samples_per_step);
   TRIREME_CHECK(o.step_s > 0 && o.checkpoint_every_s >= o.step_s,
                 "replay: need 0 < step_s <= checkpoint_every_s, got ", o.step_s, " and ", o.checkpoint_every_s);
   TRIREME_CHECK(o.checkpoint_stall_s >= 0 && o.disk_load_s >= 0 && o.detect_s >= 0 && o.restart_s >= 0 &&
@@ -88,7 +90,7 @@ class Replay {
     const int lost = std::max(0, n_ - nodes);
     if (mode_ == kRunning) {
       // The step in flight: lost on a memory loss, kept on a memory addition.
-      if (memory_ && lost > 0) lose(since_step_s_, rate());
+      if (memory_ && lost > 0) lose(in_flight_s(), rate());
       stall_left_ = 0;
     }
     n_ = nodes;
@@ -145,6 +147,15 @@ class Replay {
     since_ckpt_samples_ += s;
     since_ckpt_s_ += d;
     since_step_s_ = std::fmod(since_step_s_ + d, o_.step_s);
+    if (o_.samples_per_step > 0) since_step_samples_ = std::fmod(since_step_samples_ + s, o_.samples_per_step);
+  }
+
+  // Training seconds since the last step boundary. (The rate is constant between
+  // boundaries: every change of the live count restarts the job, and a step with it.)
+  double in_flight_s() const {
+    if (o_.samples_per_step <= 0) return since_step_s_;
+    const double r = rate();
+    return r > 0 ? since_step_samples_ / r : 0;
   }
 
   // Throws away the last d seconds of training, done at rate r.
@@ -153,14 +164,14 @@ class Replay {
     samples_ -= d * r;
     since_ckpt_samples_ -= d * r;
     since_ckpt_s_ -= d;
-    since_step_s_ = 0;
+    since_step_s_ = since_step_samples_ = 0;
   }
 
   // A disk checkpoint counts. Memory policies write the snapshot of the last step
   // boundary, so the step in flight stays after it.
   void commit_checkpoint() {
     ++r_.checkpoints;
-    const double in_flight = memory_ ? since_step_s_ : 0;
+    const double in_flight = memory_ ? in_flight_s() : 0;
     since_ckpt_s_ = in_flight;
     since_ckpt_samples_ = in_flight * rate();
   }
@@ -172,7 +183,7 @@ class Replay {
     if (memory_) ++r_.disk_fallbacks;
     r_.work_lost_s += since_ckpt_s_;
     samples_ -= since_ckpt_samples_;
-    since_ckpt_s_ = since_ckpt_samples_ = since_step_s_ = 0;
+    since_ckpt_s_ = since_ckpt_samples_ = since_step_s_ = since_step_samples_ = 0;
   }
 
   void end_recovery() {
@@ -180,7 +191,7 @@ class Replay {
     ran_with_ = n_;
     lost_in_window_ = 0;
     from_disk_ = false;
-    since_step_s_ = 0;
+    since_step_s_ = since_step_samples_ = 0;
     record();
   }
 
@@ -206,6 +217,7 @@ class Replay {
   double since_ckpt_s_ = 0;      // training since the newest disk checkpoint
   double since_ckpt_samples_ = 0;
   double since_step_s_ = 0;      // training since the last step boundary
+  double since_step_samples_ = 0;  // (the same in samples, with samples_per_step)
   int lost_in_window_ = 0;       // nodes lost since the job last ran
   int ran_with_ = 0;             // nodes the job last ran with
   bool from_disk_ = false;       // this recovery loads from disk

@@ -71,6 +71,9 @@ struct ReplayOptions {
   int min_nodes = 1;                            // every policy; a zero rate in its table also waits
   double price_per_node_hour = 1.0;             // one price (on-demand or spot)
   double step_s = 1.0;                          // training seconds a step (memory policies)
+  // Samples a step trains (the global batch; 0: unknown). Given, the step in flight is
+  // counted in samples: with fewer nodes a step takes longer than step_s, the plan's.
+  double samples_per_step = 0;
   double checkpoint_every_s = 1800;             // training seconds between disk checkpoints
   double checkpoint_stall_s = 20;               // kDiskRestart only
   double disk_load_s = 60;
