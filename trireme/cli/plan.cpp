@@ -296,10 +296,7 @@ int plan_main(const std::vector<std::string>& args) {
     TRIREME_CHECK(f.trials.rounds >= 1, "--measure-rounds must be at least 1, got ", f.trials.rounds);
     if (!f.trials.dir.empty()) check_measure_dir(f.trials.dir);
   }
-  // (load_profile sees values only: a model flag given at its default would pass there.)
-  for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
-    TRIREME_CHECK(f.source.file.empty() || !parser.given(flag), "--", flag, " applies only with --analytic; --profile ",
-                  f.source.file, " holds the times of its own model (drop --", flag, ")");
+  check_profile_flags(f.source);
   const plan::Profile profile = load_profile(f.source);
   const plan::Cluster cluster = f.cluster.empty() ? plan::local_cluster(f.local) : plan::read_cluster(f.cluster);
   if (f.trials.candidates > 0) check_measurable(cluster);

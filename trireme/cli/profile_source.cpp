@@ -10,6 +10,7 @@
 namespace trireme::cli {
 
 void add_profile_flags(FlagParser& p, ProfileSource* s) {
+  p.record_given(&s->given);
   p.add("profile", &s->file, "profile.json from trireme profile (or --analytic)");
   p.add("analytic", &s->analytic,
         "instead of --profile: a profile computed from the model's FLOPs at a catalog device's peak (e.g. A100)");
@@ -20,12 +21,18 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
                "use the profile's layer times as measured, not calibrated by its measured training steps");
 }
 
+void check_profile_flags(const ProfileSource& s) {
+  for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
+    TRIREME_CHECK(s.file.empty() || !s.given.count(flag), "--", flag, " applies only with --analytic; --profile ",
+                  s.file, " holds the times of its own model (drop --", flag, ")");
+}
+
 plan::Profile load_profile(const ProfileSource& s) {
   TRIREME_CHECK(s.file.empty() != s.analytic.empty(),
                 "give one of --profile FILE (make one with trireme profile gpt --out profile.json) and --analytic DEVICE");
   // A flag that does not apply is refused rather than ignored. Here one counts as given when
   // its value is not the default; the commands refuse one given at its default value too
-  // (FlagParser::given), before they load the profile.
+  // (check_profile_flags), before they load the profile.
   const ProfileSource defaults;
   if (!s.file.empty()) {
     plan::Profile profile = plan::read_profile(s.file);

@@ -4,6 +4,7 @@
 // --utilisation 0.5 --layers 24 --dim 2048 ...`).
 #pragma once
 
+#include <set>
 #include <string>
 
 #include "trireme/cli/flags.h"
@@ -18,9 +19,14 @@ struct ProfileSource {
   double utilisation = 0.5;
   models::GptConfig model;
   bool no_calibration = false;  // keep the layers' times as profiled (see plan::calibrate)
+  std::set<std::string> given;  // the flags given (FlagParser::record_given)
 };
 
 void add_profile_flags(FlagParser& parser, ProfileSource* source);
+// Throws InvalidArgument when a model flag or --utilisation was given (at its default value
+// too: source.given) with --profile, whose file holds the times of its own model. Called by
+// the commands before their other checks; load_profile() sees values only.
+void check_profile_flags(const ProfileSource& source);
 // Throws InvalidArgument unless exactly one of --profile and --analytic is given, and when
 // a flag of the other one is: the model flags and --utilisation with --profile,
 // --no-calibration with --analytic (a flag counts as given when it is not at its default).

@@ -88,10 +88,7 @@ int simulate_main(const std::vector<std::string>& args) {
                 "simulate --help");
   TRIREME_CHECK(!f.plan.empty() && !f.cluster.empty(),
                 "--plan and --cluster are required (and the plan's --profile or --analytic source)");
-  // (load_profile sees values only: a model flag given at its default would pass there.)
-  for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
-    TRIREME_CHECK(f.source.file.empty() || !parser.given(flag), "--", flag, " applies only with --analytic; --profile ",
-                  f.source.file, " holds the times of its own model (drop --", flag, ")");
+  check_profile_flags(f.source);
   TRIREME_CHECK(f.storage_gbps > 0, "--storage-gbps must be positive (Gb/s per machine), got ", f.storage_gbps);
   TRIREME_CHECK(f.hours > 0 && f.hours <= kMaxHours, "--hours must be more than 0 and at most ", kMaxHours,
                 " (ten years), got ", f.hours);

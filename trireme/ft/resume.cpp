@@ -24,6 +24,9 @@ namespace {
 
 using Optimizer = parallel::AdamWState;
 
+// Rank `rank`'s snapshot directory in a node's snapshot area.
+std::string rank_snapshot_dir(const std::string& area, int rank) { return area + "/rank-" + std::to_string(rank); }
+
 std::vector<int> share_owners(const TrainingState& s);
 
 // AdamW's state of each local parameter, by TensorImpl. Under ZeRO a collective over the
@@ -965,7 +968,7 @@ int64_t memory_step_bound(const TrainingState& s, const std::string& area, bool 
     for (const Source& source : memory_sources(area, s.world->rank())) newest = std::max(newest, source.step);
     return reduce_over(s, s.world->group(), newest, c10d::ReduceOp::MAX);
   }
-  const std::vector<int64_t> mine = Snapshotter::complete_steps(area + "/rank-" + std::to_string(s.world->rank()));
+  const std::vector<int64_t> mine = Snapshotter::complete_steps(rank_snapshot_dir(area, s.world->rank()));
   return std::max<int64_t>(0, world_min(s, mine.empty() ? 0 : mine.front()));
 }
 
@@ -992,7 +995,7 @@ std::string snapshot_area_from_env() {
 
 std::string snapshot_dir_from_env(int rank) {
   const std::string area = snapshot_area_from_env();
-  return area.empty() ? "" : area + "/rank-" + std::to_string(rank);
+  return area.empty() ? "" : rank_snapshot_dir(area, rank);
 }
 
 bool elastic_from_env() {

@@ -194,6 +194,7 @@ class Agent {
   void spawn_standby(int generation);
   void end_standby();
   void leave_behind(pid_t pid, const std::string& who, const std::string& then);
+  void forget_and_reap(pid_t pid);
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
   std::optional<LaunchResult> signalled_in_restart();
   std::optional<LaunchResult> decide_members(int generation, const std::vector<int>& lost_leaders = {});
@@ -313,8 +314,7 @@ Agent::~Agent() {
       // Never block here: a worker stuck in the kernel is left to init to reap.
       if (::waitpid(w.pid, nullptr, WNOHANG) == w.pid) guard_.forget(w.pid);
     } else if (w.pid > 0) {
-      ::waitpid(w.pid, nullptr, WNOHANG);  // it ended; reap() left it a zombie
-      guard_.forget(w.pid);
+      forget_and_reap(w.pid);  // it ended; reap() left it a zombie
     }
     close_stream(w, 0);
     close_stream(w, 1);
@@ -1149,9 +1149,7 @@ void Agent::end_standby() {
     for (auto& w : ending) {
       int status = 0;
       if (!w.running || !child_ended(w.pid, &status)) continue;
-      guard_.forget(w.pid);  // (before the reap frees its pid)
-      while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
-      }
+      forget_and_reap(w.pid);
       w.running = false;
     }
     const bool all_ended = std::none_of(ending.begin(), ending.end(), [](const Worker& w) { return w.running; });
@@ -1347,6 +1345,16 @@ void Agent::leave_behind(pid_t pid, const std::string& who, const std::string& t
   left_behind_.push_back(pid);
 }
 
+// Reaps an ended child `pid` (seen with child_ended, or its zombie left by reap()), first
+// telling the guard to forget its process group: were this agent to die between the two,
+// the guard would otherwise kill the group of a pid the kernel may have given another
+// process.
+void Agent::forget_and_reap(pid_t pid) {
+  guard_.forget(pid);
+  while (::waitpid(pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
+  }
+}
+
 void Agent::reap() {
   for (auto it = left_behind_.begin(); it != left_behind_.end();) {
     const pid_t ended = ::waitpid(*it, nullptr, WNOHANG);
@@ -1359,8 +1367,8 @@ void Agent::reap() {
   }
   for (auto& w : standby_) {  // one that died waiting is not used; say why
     int status = 0;
-    if (!w.running || ::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
-    guard_.forget(w.pid);
+    if (!w.running || !child_ended(w.pid, &status)) continue;
+    forget_and_reap(w.pid);
     w.running = false;
     for (int s = 0; s < 2; ++s) {
       forward(w, s, kDrainReads);
@@ -1487,9 +1495,7 @@ void Agent::stop_workers(double grace_s) {
   while (any_running() && Clock::now() < kill_end) pump(kill_end - Clock::now());
   for (auto& w : workers_) {
     if (w.running || w.pid < 0) continue;
-    guard_.forget(w.pid);  // (before the reap frees its pid, which the guard would kill if this agent died)
-    while (::waitpid(w.pid, nullptr, WNOHANG) < 0 && errno == EINTR) {
-    }
+    forget_and_reap(w.pid);
     w.pid = -1;
   }
 }
