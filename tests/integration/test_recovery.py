@@ -370,6 +370,45 @@ class Recovery(SnapshotAreaTest):
         total = int(REPORT.search(errs[0]).group(1))
         self.assertLess(total, 20000, "the report counted the 30 s between the machines' clocks")
 
+    def test_a_node_without_a_snapshot_area_makes_every_rank_resume_from_disk(self):
+        """Two agents, one worker each; node 1's agent can make no snapshot area (its root
+        does not exist). No rank snapshots to memory, and the restart after a kill -9 of
+        node 1's worker resumes every rank from the checkpoint, bitwise. Before, node 0's
+        rank called the in-memory resume's collectives, which node 1's skipped."""
+        ref_params, ref_losses = self.reference(2, ["--dp", "2"])
+        port = free_port()
+        out = os.path.join(self.dir, "one-area")
+        dump = out + ".params"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        no_area = dict(env, TRIREME_SNAPSHOT_ROOT=os.path.join(self.dir, "no-such-directory"))
+        agents = [subprocess.Popen(
+            [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
+             "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "1", "--checkpoint-every", "1", "--dp", "2",
+             "--steps", str(STEPS), "--out", out, "--dump-params", dump] + MODEL,
+            env=no_area if node == 1 else env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for node in (0, 1)]
+        for agent in agents:
+            self.addCleanup(stop, agent)
+        path = os.path.join(out, "metrics.jsonl")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and lines_in(path) < 8 and all(a.poll() is None for a in agents):
+            time.sleep(0.01)
+        victims = [p for p in workers_alive(out) if rank_of(p) == 1]
+        self.assertEqual(len(victims), 1, f"node 1's worker not found after {lines_in(path)} steps")
+        os.kill(victims[0], signal.SIGKILL)
+        errs = []
+        for agent in agents:
+            _, err = agent.communicate(timeout=300)
+            self.assertEqual(agent.returncode, 0, err[-3000:])
+            errs.append(err)
+        self.assertIn("a node has no snapshot area", errs[0])
+        resumed = [l for l in errs[0].splitlines() if "resumed at step" in l]
+        self.assertTrue(resumed, errs[0][-3000:])
+        print(f"node 1 without a snapshot area: {resumed[0].strip()}")
+        self.assertIn("from " + os.path.join(out, "checkpoints"), resumed[0])
+        self.assertEqual([m["loss"] for m in metrics(out)], ref_losses)
+        self.assertEqual(raw(dump), ref_params, "final parameters differ from the uninterrupted run")
+
 
 if __name__ == "__main__":
     main()

@@ -879,8 +879,12 @@ TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // (the stimulus's timing, not a wait)
     if (agent_running) ::kill(::getpid(), SIGTERM);
   });
-  // (Rank 1 fails once rank 0 ignores SIGTERM: a loaded machine may start rank 0 late.)
-  LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then sleep 0.5; exit 2; fi; trap '' TERM; exec sleep 30");
+  // (Rank 1 fails once rank 0 ignores SIGTERM, which rank 0 says with a file: a loaded
+  // machine may start rank 0 late.)
+  const std::string ignoring = "/tmp/trireme-test-agent-grace-" + std::to_string(::getpid());
+  LaunchOptions o = sh_options(2, "if [ $RANK = 1 ]; then while [ ! -e " + ignoring +
+                                      " ]; do sleep 0.02; done; exit 2; fi; trap '' TERM; touch " + ignoring +
+                                      "; exec sleep 30");
   o.stop_grace_s = 3;
   Clock::time_point stopping = Clock::now();
   channel.after_set = [&](const std::string& key) {
@@ -890,6 +894,7 @@ TEST(LaunchAgent, AFirstSignalDuringAStopLeavesTheWorkersTheirGrace) {
   agent_running = false;
   const double stop_s = seconds_since(stopping);
   signal.join();
+  std::filesystem::remove(ignoring);
   EXPECT_EQ(result.failure, "rank 1 (node 0, local 1) exited with code 2; stopped the other workers");
   EXPECT_GE(stop_s, 1.4) << "the first signal killed the worker before its grace period ended";
   EXPECT_LT(stop_s, 2.9) << "the second signal did not hurry the SIGKILL";
@@ -1424,7 +1429,7 @@ TEST(LaunchAgent, ASecondSignalBeforeTheStopHurriesIt) {
   CapturedIo io;
   SlowStopKeeper keeper(std::chrono::milliseconds(1500));
   std::atomic<bool> agent_running{true};
-  Clock::time_point first{};
+  std::atomic<Clock::time_point> first{};
   std::thread signal([&] {
     for (int i = 0; i < 500 && !std::filesystem::exists(started); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -1450,18 +1455,31 @@ TEST(LaunchAgent, ASecondSignalBeforeTheStopHurriesIt) {
 TEST(LaunchAgent, ASignalWhileStoppingForARestartEndsBeforeTheNextGeneration) {
   MemoryChannel channel;
   CapturedIo io;
+  // Rank 0 says, with files, that it handles SIGTERM and then that the stop for restart 1
+  // sent it one (it lives on through the grace); rank 1 fails once the first is there.
+  const std::string trapping = "/tmp/trireme-test-agent-trapping-" + std::to_string(::getpid());
+  const std::string stopping = "/tmp/trireme-test-agent-stopping-" + std::to_string(::getpid());
+  std::atomic<bool> agent_running{true};
   std::thread signal([&] {  // during the grace of the stop for restart 1
-    if (!channel.wait_for(keys::restart(1), std::chrono::seconds(20))) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    ::kill(::getpid(), SIGINT);
+    for (int i = 0; i < 1000 && agent_running && !std::filesystem::exists(stopping); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (agent_running) ::kill(::getpid(), SIGINT);
   });
   LaunchOptions o = sh_options(2, "echo gen=$TORCHELASTIC_RESTART_COUNT; "
                                   "if [ $TORCHELASTIC_RESTART_COUNT != 0 ]; then exit 0; fi; "
-                                  "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; trap '' TERM; exec sleep 30");
+                                  "if [ $RANK = 1 ]; then while [ ! -e " + trapping +
+                                      " ]; do sleep 0.02; done; exit 3; fi; "
+                                      "trap 'touch " + stopping + "' TERM; touch " + trapping +
+                                      "; while true; do sleep 0.05; done");
   o.max_restarts = 1;
-  o.stop_grace_s = 1.5;
+  o.stop_grace_s = 3;
   const LaunchResult result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  agent_running = false;
   signal.join();
+  const bool stopped_in_grace = std::filesystem::exists(stopping);
+  std::filesystem::remove(trapping);
+  std::filesystem::remove(stopping);
+  EXPECT_TRUE(stopped_in_grace);
   const std::string out = io.stdout_text();
   EXPECT_EQ(result.exit_code, 128 + SIGINT) << result.failure;
   EXPECT_EQ(result.failure, "received SIGINT while restarting");
@@ -1469,14 +1487,17 @@ TEST(LaunchAgent, ASignalWhileStoppingForARestartEndsBeforeTheNextGeneration) {
 }
 
 // A snapshot area whose lock another agent holds (a stalled one of the same job and node,
-// say, that a replacement is taking over from) is not shared: the workers snapshot to disk,
-// and the agent says so (before, it used the area without the lock, and the other agent's
-// cleanup could delete it).
+// say, that a replacement is taking over from) is not shared (before, it used the area
+// without the lock, and the other agent's cleanup could delete it); the agent says so and
+// gives its workers an area of its own, so that every node of the job still has one (a
+// node without an area calls other resume collectives than the rest), and removes it at
+// the end.
 TEST(LaunchAgent, ASnapshotAreaLockedByAnotherAgentIsNotUsed) {
   const std::string root = "/tmp/trireme-test-agent-locked-" + std::to_string(::getpid());
   std::filesystem::create_directories(root);
   ::setenv("TRIREME_SNAPSHOT_ROOT", root.c_str(), 1);
-  const int held = ::open((root + "/trireme-abc-node1.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const std::string held_area = root + "/trireme-abc-node1";
+  const int held = ::open((held_area + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
   MemoryChannel channel;
@@ -1486,15 +1507,22 @@ TEST(LaunchAgent, ASnapshotAreaLockedByAnotherAgentIsNotUsed) {
   LaunchResult result;
   {
     Heartbeat node0(channel, 0);
-    result = run_agent(two_node_options("echo area=[$TRIREME_SNAPSHOT_DIR]", 1), channel, {"127.0.0.1", 1234},
-                       io.io());
+    // The worker snapshots as a trainer would: into its area, which it creates.
+    result = run_agent(two_node_options("echo area=[$TRIREME_SNAPSHOT_DIR]; mkdir -p $TRIREME_SNAPSHOT_DIR/rank-1", 1),
+                       channel, {"127.0.0.1", 1234}, io.io());
   }
   ::unsetenv("TRIREME_SNAPSHOT_ROOT");
   ::close(held);
-  const bool area_made = std::filesystem::exists(root + "/trireme-abc-node1");
+  const bool held_area_made = std::filesystem::exists(held_area);
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) left.push_back(entry.path().filename().string());
   std::filesystem::remove_all(root);
   EXPECT_EQ(result.exit_code, 0) << result.failure;
-  EXPECT_NE(io.stdout_text().find("area=[]"), std::string::npos);
-  EXPECT_NE(io.stderr_text().find("snapshot area"), std::string::npos);
-  EXPECT_FALSE(area_made);
+  const std::string own = held_area + "-pid" + std::to_string(::getpid());
+  EXPECT_NE(io.stdout_text().find("area=[" + own + "]"), std::string::npos) << io.stdout_text();
+  EXPECT_NE(io.stderr_text().find("is locked by another agent; this one uses " + own), std::string::npos)
+      << io.stderr_text();
+  EXPECT_FALSE(held_area_made);
+  // Only the other agent's lock file is left: this agent removed its own area and lock.
+  EXPECT_EQ(left, std::vector<std::string>{"trireme-abc-node1.lock"});
 }

@@ -194,6 +194,7 @@ class Agent {
   void spawn_standby(int generation);
   void end_standby();
   void leave_behind(pid_t pid, const std::string& who, const std::string& then);
+  void stop_protecting();
   void forget_and_reap(pid_t pid);
   std::optional<LaunchResult> restart_generation(int generation, const Event& cause);
   std::optional<LaunchResult> signalled_in_restart();
@@ -294,6 +295,7 @@ class Agent {
   bool old_rank_dirs_ = false;
   std::string snapshot_dir_;  // TRIREME_SNAPSHOT_DIR, empty when none could be made
   int area_lock_fd_ = -1;     // holds a lock on snapshot_dir_ + ".lock" while this agent lives
+  bool protecting_ = false;   // keeper_ started for the current generation, not yet stopped
   std::thread sweeper_;       // removes dead agents' snapshot areas (make_snapshot_dir)
   int first_signal_ = 0;     // the first stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), 0 if none
   int signal_count_ = 0;     // all stopping signals received
@@ -312,7 +314,8 @@ Agent::~Agent() {
     if (w.running) {
       signal_process_group(w.pid, SIGKILL);
       // Never block here: a worker stuck in the kernel is left to init to reap.
-      if (::waitpid(w.pid, nullptr, WNOHANG) == w.pid) guard_.forget(w.pid);
+      int status = 0;
+      if (child_ended(w.pid, &status)) forget_and_reap(w.pid);
     } else if (w.pid > 0) {
       forget_and_reap(w.pid);  // it ended; reap() left it a zombie
     }
@@ -343,7 +346,10 @@ LaunchResult Agent::run() {
     const std::optional<Event> lost = std::exchange(lost_at_barrier_, std::nullopt);
     std::optional<Event> failed;
     if (!lost) {
-      if (keeper_ && !snapshot_dir_.empty()) keeper_->start(keeper_generation());
+      if (keeper_ && !snapshot_dir_.empty()) {
+        keeper_->start(keeper_generation());
+        protecting_ = true;
+      }
       failed = spawn_workers(generation_);
     }
     Event event = lost ? *lost : failed ? *failed : supervise();
@@ -355,7 +361,7 @@ LaunchResult Agent::run() {
     }
     if (event.ending == Ending::kAllExited && elastic(options_)) event = finished_or_restarted();
     await_leavers_flush();
-    if (keeper_) while_pumping([&] { keeper_->stop(); });
+    stop_protecting();
     const bool restartable = (event.ending == Ending::kWorkerFailed && !failed && !event.final) ||
                              event.ending == Ending::kRemoteRestart || event.ending == Ending::kNodeLost ||
                              event.ending == Ending::kNodeJoin;
@@ -521,7 +527,10 @@ std::optional<LaunchResult> Agent::restart_generation(int generation, const Even
 
 // A stopping signal received during a restart ends it here, not once the next generation's
 // workers have started: SIGTERM to an agent of an elastic job is a preemption notice (it
-// leaves, as it does while the workers run); any other signal ends the job.
+// leaves, as it does while the workers run); any other signal ends the job. This holds
+// before the agent checks in and once it has taken the new membership; a signal between
+// the two (the leader deciding, a follower waiting for the decision) ends the job whatever
+// it is: see signalled_while_restarting.
 std::optional<LaunchResult> Agent::signalled_in_restart() {
   pump(Clock::duration::zero());
   if (!first_signal_) return std::nullopt;
@@ -796,13 +805,16 @@ LaunchResult Agent::leave(const Event& event) {
   stop_workers(options_.preemption_grace_s);
   // The workers committed their last step: have it protected before this machine goes
   // (a step whose state only this machine held would otherwise be lost).
-  if (keeper_) {
+  if (protecting_) {
     const double left_s = options_.preemption_grace_s - std::chrono::duration<double>(Clock::now() - start).count();
     bool flushed = false;
     while_pumping([&] { flushed = keeper_->flush(std::max(0.0, left_s)); });
     if (!flushed) err_.write("trireme run: " + node() + ": its last snapshot step could not be "
                              "protected within --grace-seconds; the others resume from an older one\n");
-    while_pumping([&] { keeper_->stop(); });
+    stop_protecting();
+  } else if (keeper_ && !snapshot_dir_.empty()) {  // (a notice in the middle of a restart, which stopped it)
+    err_.write("trireme run: " + node() + ": the restart had stopped the snapshots' protection; the others resume "
+               "from the last step it protected\n");
   }
   try {
     channel_.set(keys::flushed(options_.node_rank, its), "1");
@@ -815,6 +827,27 @@ LaunchResult Agent::leave(const Event& event) {
   err_.write("trireme run: " + std::string(line) + "\n");
   return {0, ""};
 }
+
+namespace {
+
+// Opens and locks `lock_path` (flock, exclusive); the descriptor, or -1 when another
+// process holds the lock for a second (or the file cannot be opened).
+int lock_area(const std::string& lock_path) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    struct stat held {}, named {};
+    // (A sweeper may hold it for a moment, and unlink it: then lock the new file.)
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev)
+      return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return -1;
+}
+
+}  // namespace
 
 // The node's snapshot area: a directory in shared memory (tmpfs), owned by this agent so
 // that it outlives the workers, removed when the job ends; and the areas of agents that
@@ -832,26 +865,21 @@ void Agent::make_snapshot_dir() {
   // An agent killed with -9 (or by the OOM killer) cannot remove its area, and the areas of
   // such agents would fill shared memory job after job. Each agent holds a lock on
   // AREA.lock while it lives; one starting removes the areas whose lock nobody holds.
-  const std::string lock_path = snapshot_dir_ + ".lock";
-  for (int attempt = 0; attempt < 100 && area_lock_fd_ < 0; ++attempt) {
-    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) break;
-    struct stat held {}, named {};
-    // (A sweeper may hold it for a moment, and unlink it: then lock the new file.)
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
-        held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
-      area_lock_fd_ = fd;
-    } else {
-      ::close(fd);
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-  }
-  // Another agent holds it (a stalled one of this node that a replacement took over from):
-  // sharing the area, its cleanup (remove_snapshot_dir) would delete this one's snapshots.
+  std::string lock_path = snapshot_dir_ + ".lock";
+  area_lock_fd_ = lock_area(lock_path);
   if (area_lock_fd_ < 0) {
-    err_.write("trireme run: " + node() + ": could not lock the snapshot area " + snapshot_dir_ +
-               " (another agent holds it?); the workers snapshot to disk\n");
-    snapshot_dir_.clear();
+    // Another agent holds it (a stalled one of this node that a replacement took over
+    // from): sharing the area, its cleanup (remove_snapshot_dir) would delete this one's
+    // snapshots. An area of this agent's own (empty, as a replacement's is) keeps every
+    // node of the job with an area, which the workers' resume collectives and the keepers'
+    // exchange take for granted: a node without one would call other collectives.
+    const std::string own = snapshot_dir_ + "-pid" + std::to_string(::getpid());
+    area_lock_fd_ = lock_area(own + ".lock");
+    err_.write("trireme run: " + node() + ": the snapshot area " + snapshot_dir_ + " is locked by another agent; " +
+               (area_lock_fd_ >= 0 ? "this one uses " + own : "and " + own + " cannot be locked: the workers snapshot to disk") +
+               "\n");
+    snapshot_dir_ = area_lock_fd_ >= 0 ? own : "";
+    lock_path = own + ".lock";
   }
   // On a thread of its own: removing a dead job's hundreds of GB takes longer than a
   // heartbeat may wait.
@@ -1345,6 +1373,12 @@ void Agent::leave_behind(pid_t pid, const std::string& who, const std::string& t
   left_behind_.push_back(pid);
 }
 
+// Ends the keeper's rounds for this generation (what they protected stays).
+void Agent::stop_protecting() {
+  if (keeper_) while_pumping([&] { keeper_->stop(); });
+  protecting_ = false;
+}
+
 // Reaps an ended child `pid` (seen with child_ended, or its zombie left by reap()), first
 // telling the guard to forget its process group: were this agent to die between the two,
 // the guard would otherwise kill the group of a pid the kernel may have given another
@@ -1357,8 +1391,12 @@ void Agent::forget_and_reap(pid_t pid) {
 
 void Agent::reap() {
   for (auto it = left_behind_.begin(); it != left_behind_.end();) {
-    const pid_t ended = ::waitpid(*it, nullptr, WNOHANG);
-    if (ended == *it || (ended < 0 && errno == ECHILD)) {
+    int status = 0;
+    errno = 0;
+    if (child_ended(*it, &status)) {
+      forget_and_reap(*it);
+      it = left_behind_.erase(it);
+    } else if (errno == ECHILD) {  // (no longer this agent's child)
       guard_.forget(*it);
       it = left_behind_.erase(it);
     } else {
@@ -1522,8 +1560,9 @@ std::string Agent::published_job_failure() {
   return "too few nodes left to restart the job";
 }
 
-// A signal in the middle of a restart: the others would wait for this node at the next
-// barrier until --join-timeout; the job ends now, saying why. (A preemption notice then
+// A signal in the middle of a restart, after this agent checked in and before it has the
+// new membership: the others would count this node in and wait for it at the next barrier
+// until --join-timeout; the job ends now, saying why. (A preemption notice in that window
 // ends an elastic job instead of re-forming it without this node: rare, and bounded.)
 LaunchResult Agent::signalled_while_restarting() {
   publish_failure(node() + "'s agent received " + signal_name(first_signal_) + " while restarting");
