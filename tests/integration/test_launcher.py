@@ -244,8 +244,10 @@ class Failures(unittest.TestCase):
     def test_a_reader_gone_does_not_change_the_exit_status(self):
         """`trireme run ... 2>&1 | head` whose reader has gone: the job's last line cannot be
         written, and the status is still the job's (before, SIGPIPE's: 141)."""
-        proc = subprocess.Popen(launcher_cmd(["--nproc-per-node", "1"], ["false"]), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        # (The worker writes to both streams, so the agent's forwarding meets the closed pipes too.)
+        proc = subprocess.Popen(launcher_cmd(["--nproc-per-node", "1"],
+                                             ["sh", "-c", "echo out; echo err >&2; exit 3"]),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.addCleanup(stop, proc)
         proc.stdout.close()
         proc.stderr.close()

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -219,11 +220,13 @@ TEST(LaunchProcess, AChildGetsNoDescriptorOfTheAgentsButItsThree) {
   char buffer[4096];
   for (;;) {
     pollfd readable{p.stdout_fd, POLLIN, 0};
-    ASSERT_GE(::poll(&readable, 1, 10000), 0);
+    const int ready = ::poll(&readable, 1, 10000);
+    if (ready < 0 && errno == EINTR) continue;
+    ASSERT_GT(ready, 0) << "ls wrote nothing and did not end within 10 s";
     const ssize_t n = ::read(p.stdout_fd, buffer, sizeof(buffer));
     if (n == 0) break;
     if (n > 0) out.append(buffer, static_cast<size_t>(n));
-    else ASSERT_EQ(errno, EAGAIN);
+    else ASSERT_TRUE(errno == EAGAIN || errno == EINTR) << std::strerror(errno);
   }
   ::close(p.stdout_fd);
   ::close(p.stderr_fd);

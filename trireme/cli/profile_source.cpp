@@ -22,8 +22,9 @@ void add_profile_flags(FlagParser& p, ProfileSource* s) {
 }
 
 void check_profile_flags(const ProfileSource& s) {
+  if (s.file.empty() || !s.analytic.empty()) return;  // (load_profile refuses both given: say that first)
   for (const char* flag : {"layers", "dim", "heads", "seq", "vocab", "utilisation"})
-    TRIREME_CHECK(s.file.empty() || !s.given.count(flag), "--", flag, " applies only with --analytic; --profile ",
+    TRIREME_CHECK(!s.given.count(flag), "--", flag, " applies only with --analytic; --profile ",
                   s.file, " holds the times of its own model (drop --", flag, ")");
 }
 

@@ -64,6 +64,9 @@ void close_fd(int& fd) {
 }
 
 constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC (linux/close_range.h)
+#ifndef SYS_close_range  // (kernel headers before 5.9; the number is the same on every architecture)
+#define SYS_close_range 436
+#endif
 
 // In the forked child: only async-signal-safe calls until execve. On failure, reports
 // errno on report_fd (close-on-exec, so the parent reads EOF on success) and exits 127.
