@@ -271,6 +271,9 @@ class PlanTest(unittest.TestCase):
         # A --profile holds its model: a shape flag at its default value (4 layers) too.
         self.refuse(["plan", "--profile", self.profile, "--local", "2", "--layers", "4"],
                     f"--layers applies only with --analytic; --profile {self.profile} holds the times of its own model")
+        # Both sources given: that is what is said, not that --layers needs --analytic.
+        self.refuse(["plan", "--profile", self.profile, "--analytic", "V100", "--local", "2", "--layers", "4"],
+                    "give one of --profile FILE")
 
     def test_bad_layout_and_trial_flags_name_the_flag_before_anything_is_printed(self):
         model = ["plan", "--analytic", "V100", "--local", "2", "--layers", "2", "--dim", "64", "--heads", "2",
