@@ -36,14 +36,15 @@ std::vector<int> share_owners(const TrainingState& s);
 std::map<const void*, Optimizer> optimizer_state(const TrainingState& s) {
   std::map<const void*, Optimizer> out;
   if (s.zero) {
-    std::map<const void*, int> owner_of;
+    // (A tensor under two names, tied weights, is wanted when either name's share is ours.)
+    std::map<const void*, bool> ours;
     const std::vector<int> owner = share_owners(s);
     for (size_t i = 0; i < s.parameters.size(); ++i)
-      owner_of[s.parameters[i].second.unsafeGetTensorImpl()] = owner[i];
+      ours[s.parameters[i].second.unsafeGetTensorImpl()] |= owner[i] == s.dp_rank;
     const auto& params = s.zero->data_parallel().parameters();
     const auto states = s.zero->gather_state([&](size_t p) {
-      const auto it = owner_of.find(params[p].unsafeGetTensorImpl());
-      return it == owner_of.end() || it->second == s.dp_rank;
+      const auto it = ours.find(params[p].unsafeGetTensorImpl());
+      return it == ours.end() || it->second;
     });
     for (size_t p = 0; p < params.size(); ++p) out[params[p].unsafeGetTensorImpl()] = states[p];
     return out;
