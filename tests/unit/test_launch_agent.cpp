@@ -1363,6 +1363,58 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
   EXPECT_NE(out.find("gen=1 world=3"), std::string::npos) << out;
 }
 
+// A leader that takes a restart over starts its wait anew, and its followers wait with it:
+// node 0 leads restart 1 and decides nothing; just before this agent's (node 1's) wait
+// ends, node 2 claims the decision and publishes it 3 s later. The restart goes on
+// (before, the follower's deadline stayed where the first leader had begun, and node 1
+// gave up while the new leader still waited for the members).
+TEST(LaunchAgent, ARestartsFollowerWaitsForALeaderThatTookOverAsLongAsItWaits) {
+  MemoryChannel channel;
+  CapturedIo io;
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
+  LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+                                  "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
+  o.nnodes = 3;
+  o.node_rank = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;
+  o.join_timeout_s = 0.5;
+  o.stop_grace_s = 0.5;
+  o.rdzv_port = 1234;
+  // This agent's wait for the membership: --join-timeout after twice the stopping allowance.
+  const double wait_s = o.join_timeout_s + 2 * (o.stop_grace_s + 10.0);
+  std::thread others([&] {
+    if (!channel.wait_for(keys::kReady, std::chrono::seconds(10))) return;
+    channel.add(keys::restart_claimed(1), 1);
+    channel.add(keys::restart_stopped(1), 1);
+    channel.set(keys::restart_lead(1, 0), "0");
+    channel.set(keys::restart_in(1, 0), "1");
+    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 3");
+    if (!channel.wait_for(keys::restart_in(1, 1), std::chrono::seconds(10))) return;
+    const auto checked_in = Clock::now();
+    std::this_thread::sleep_until(checked_in + std::chrono::duration<double>(wait_s - 1.5));  // (the stimulus)
+    channel.add(keys::restart_lead_claimed(1, 1), 1);
+    channel.set(keys::restart_lead(1, 1), "2");
+    channel.set(keys::restart_in(1, 2), "1");
+    channel.add(keys::restart_stopped(1), 1);
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // node 2 waits for the members a while
+    channel.compare_set(keys::restart_members(1), "", "0,1,2;0");
+    channel.set(keys::kGeneration, "1");
+    for (int node = 0; node < 2; ++node)
+      if (channel.add(keys::restart_recovered(1), 1) == 3) channel.set(keys::restart_resume(1), "1");
+  });
+  LaunchResult result;
+  {
+    Heartbeat node0(channel, 0), node2(channel, 2);
+    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  }
+  others.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_FALSE(channel.try_get(keys::kFailure)) << *channel.try_get(keys::kFailure);
+  EXPECT_NE(io.stdout_text().find("gen=1 world=3"), std::string::npos) << io.stdout_text();
+}
+
 // Node 0 hosts the store: a restart that ends there (a signal here) marks its agent done
 // and keeps the store up until the others, who read why, are done too (before, it returned
 // at once and the store went with it: the others said they had lost the store instead).

@@ -549,9 +549,9 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
   // As long as the leader waits for the members to check in, counted from when the leader
   // may begin (it may itself take the stopping allowance to check in): a member slower to
   // stop than --join-timeout (3 nodes or more) does not make this one give up first and
-  // end the job.
+  // end the job. A leader that takes over starts its wait anew, and so does the deadline.
   const double wait_s = restart_wait_s() + stopping_allowance_s();
-  const auto deadline = Clock::now() + seconds(wait_s);
+  auto deadline = Clock::now() + seconds(wait_s);
   int attempt = 0;  // the attempt at deciding that this agent follows
   auto followed_since = Clock::now();
   while (true) {
@@ -567,14 +567,17 @@ std::optional<LaunchResult> Agent::await_members(int generation) {
         break;
     }
     if (Clock::now() >= deadline) {
-      const std::string failure = "timed out after " + seconds_text(wait_s) +
-                                  " s waiting for the membership of restart " + std::to_string(generation);
+      const std::string failure = "timed out waiting for the membership of restart " + std::to_string(generation) +
+                                  " (" + seconds_text(wait_s) + " s after its " +
+                                  (attempt > 0 ? "last leader took over)" : "leader began)");
       publish_failure(failure);
       return LaunchResult{1, failure};
     }
     // Another member has claimed a later attempt (its leader went silent too): follow that.
-    for (; channel_.add(keys::restart_lead_claimed(generation, attempt + 1), 0) > 0; ++attempt)
+    for (; channel_.add(keys::restart_lead_claimed(generation, attempt + 1), 0) > 0; ++attempt) {
       followed_since = Clock::now();
+      deadline = std::max(deadline, followed_since + seconds(wait_s));
+    }
     const std::optional<std::string> named = channel_.try_get(keys::restart_lead(generation, attempt));
     const int leader = named ? std::stoi(*named) : -1;
     const bool silent = named ? leader != options_.node_rank && stale(leader, Clock::now())
