@@ -1311,6 +1311,44 @@ TEST(LaunchAgent, AWorkerExitingWithNoRestartIsNotRestarted) {
   }
 }
 
+namespace {
+
+// Node 0's part in a 3-node restart 1: its worker failed; it claims the restart, checks in
+// first and leads the decision.
+void node0_leads_restart_1_of_three(MemoryChannel& channel) {
+  channel.add(keys::restart_claimed(1), 1);
+  channel.add(keys::restart_stopped(1), 1);
+  channel.set(keys::restart_lead(1, 0), "0");
+  channel.set(keys::restart_in(1, 0), "1");
+  channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 3");
+}
+
+// The decision that all three nodes stay (led by node 0), and nodes 0 and 2 at the
+// recovery barrier.
+void all_three_stay_and_recover(MemoryChannel& channel) {
+  channel.compare_set(keys::restart_members(1), "", "0,1,2;0");
+  channel.set(keys::kGeneration, "1");
+  for (int node = 0; node < 2; ++node)
+    if (channel.add(keys::restart_recovered(1), 1) == 3) channel.set(keys::restart_resume(1), "1");
+}
+
+// Runs this agent as node 1 of three while nodes 0 and 2 beat; then `others` is joined, and
+// the restart must have gone on to generation 1 with all three, no failure published.
+void expect_restart_1_of_three(const LaunchOptions& o, MemoryChannel& channel, std::thread& others) {
+  CapturedIo io;
+  LaunchResult result;
+  {
+    Heartbeat node0(channel, 0), node2(channel, 2);
+    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
+  }
+  others.join();
+  EXPECT_EQ(result.exit_code, 0) << result.failure;
+  EXPECT_FALSE(channel.try_get(keys::kFailure)) << *channel.try_get(keys::kFailure);
+  EXPECT_NE(io.stdout_text().find("gen=1 world=3"), std::string::npos) << io.stdout_text();
+}
+
+}  // namespace
+
 // With three nodes, a restart's follower waits for the membership as long as its leader
 // waits for the members to check in: --join-timeout after the longest a member may take to
 // stop. Node 2's worker ignores SIGTERM and takes --stop-grace (3 s), longer than
@@ -1319,7 +1357,6 @@ TEST(LaunchAgent, AWorkerExitingWithNoRestartIsNotRestarted) {
 // failure ended the job while node 2 was still stopping).
 TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
   MemoryChannel channel;
-  CapturedIo io;
   channel.set(keys::kRunId, "abc");
   channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
   LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
@@ -1337,30 +1374,14 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
   std::thread others([&] {
     if (!channel.wait_for(keys::kReady, std::chrono::seconds(10))) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (the workers here start)
-    channel.add(keys::restart_claimed(1), 1);
-    channel.add(keys::restart_stopped(1), 1);
-    channel.set(keys::restart_lead(1, 0), "0");
-    channel.set(keys::restart_in(1, 0), "1");
-    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 3");
+    node0_leads_restart_1_of_three(channel);
     std::this_thread::sleep_for(std::chrono::milliseconds(3200));  // node 2 stops its worker
     channel.set(keys::restart_in(1, 2), "1");
     channel.add(keys::restart_stopped(1), 1);
     if (!channel.wait_for(keys::restart_in(1, 1), std::chrono::seconds(10))) return;
-    channel.compare_set(keys::restart_members(1), "", "0,1,2;0");
-    channel.set(keys::kGeneration, "1");
-    for (int node = 0; node < 2; ++node)
-      if (channel.add(keys::restart_recovered(1), 1) == 3) channel.set(keys::restart_resume(1), "1");
+    all_three_stay_and_recover(channel);
   });
-  LaunchResult result;
-  {
-    Heartbeat node0(channel, 0), node2(channel, 2);
-    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
-  }
-  others.join();
-  EXPECT_EQ(result.exit_code, 0) << result.failure;
-  EXPECT_FALSE(channel.try_get(keys::kFailure)) << *channel.try_get(keys::kFailure);
-  const std::string out = io.stdout_text();
-  EXPECT_NE(out.find("gen=1 world=3"), std::string::npos) << out;
+  expect_restart_1_of_three(o, channel, others);
 }
 
 // A leader that takes a restart over starts its wait anew, and its followers wait with it:
@@ -1370,7 +1391,6 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
 // gave up while the new leader still waited for the members).
 TEST(LaunchAgent, ARestartsFollowerWaitsForALeaderThatTookOverAsLongAsItWaits) {
   MemoryChannel channel;
-  CapturedIo io;
   channel.set(keys::kRunId, "abc");
   channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
   LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
@@ -1386,11 +1406,7 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForALeaderThatTookOverAsLongAsItWaits) {
   const double wait_s = o.join_timeout_s + 2 * (o.stop_grace_s + 10.0);
   std::thread others([&] {
     if (!channel.wait_for(keys::kReady, std::chrono::seconds(10))) return;
-    channel.add(keys::restart_claimed(1), 1);
-    channel.add(keys::restart_stopped(1), 1);
-    channel.set(keys::restart_lead(1, 0), "0");
-    channel.set(keys::restart_in(1, 0), "1");
-    channel.set(keys::restart(1), "rank 0 (node 0, local 0) exited with code 3");
+    node0_leads_restart_1_of_three(channel);
     if (!channel.wait_for(keys::restart_in(1, 1), std::chrono::seconds(10))) return;
     const auto checked_in = Clock::now();
     std::this_thread::sleep_until(checked_in + std::chrono::duration<double>(wait_s - 1.5));  // (the stimulus)
@@ -1399,20 +1415,9 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForALeaderThatTookOverAsLongAsItWaits) {
     channel.set(keys::restart_in(1, 2), "1");
     channel.add(keys::restart_stopped(1), 1);
     std::this_thread::sleep_for(std::chrono::seconds(3));  // node 2 waits for the members a while
-    channel.compare_set(keys::restart_members(1), "", "0,1,2;0");
-    channel.set(keys::kGeneration, "1");
-    for (int node = 0; node < 2; ++node)
-      if (channel.add(keys::restart_recovered(1), 1) == 3) channel.set(keys::restart_resume(1), "1");
+    all_three_stay_and_recover(channel);
   });
-  LaunchResult result;
-  {
-    Heartbeat node0(channel, 0), node2(channel, 2);
-    result = run_agent(o, channel, {"127.0.0.1", 1234}, io.io());
-  }
-  others.join();
-  EXPECT_EQ(result.exit_code, 0) << result.failure;
-  EXPECT_FALSE(channel.try_get(keys::kFailure)) << *channel.try_get(keys::kFailure);
-  EXPECT_NE(io.stdout_text().find("gen=1 world=3"), std::string::npos) << io.stdout_text();
+  expect_restart_1_of_three(o, channel, others);
 }
 
 // Node 0 hosts the store: a restart that ends there (a signal here) marks its agent done
