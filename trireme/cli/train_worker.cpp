@@ -170,21 +170,6 @@ void check_ranks_read_one_corpus(dist::World& world, const data::Corpus& corpus,
                   "): give every node the same --data file");
 }
 
-// The node's snapshot area (TRIREME_SNAPSHOT_DIR), where every node has one, else "" on
-// every rank: a node whose agent could make none (its shared memory not writable) would
-// otherwise skip the resume collectives the others call, and snapshot when they do not.
-std::string snapshot_area_on_every_node(dist::World& world, at::Device device, bool leader) {
-  std::string area = ft::snapshot_area_from_env();
-  if (world.size() < 2) return area;
-  const auto [high, low] = extremes_across(world.group(), at::full({1}, area.empty() ? 0 : 1, at::kLong), device,
-                                           "snapshot area check");
-  if (low[0].item<int64_t>() == 1) return area;
-  if (leader && high[0].item<int64_t>() == 1)
-    std::fprintf(stderr, "gpt: a node has no snapshot area (see its agent's message): no rank snapshots to memory; "
-                         "restarts resume from --checkpoint-dir\n");
-  return "";
-}
-
 // Set by SIGTERM in an elastic job's worker: stop after the current step.
 volatile std::sig_atomic_t stop_requested = 0;
 void on_stop_request(int) { stop_requested = 1; }
@@ -645,7 +630,7 @@ int train_worker_main(const std::vector<std::string>& args) {
   train_state.share_snapshots = opt.snapshot_share == 1 || (opt.snapshot_share == -1 && !elastic);
   // Where this rank resumes: after a restart from the node's in-memory snapshots, else
   // (or when they cannot serve) from the newest checkpoint on disk.
-  const std::string area = snapshot_area_on_every_node(world, device, leader);
+  const std::string area = ft::snapshot_area_on_every_node(train_state);
   const std::string snapshot_dir = area.empty() ? "" : ft::snapshot_dir_from_env(rank);
   int64_t first_step = 0;
   std::string resumed_from;

@@ -999,6 +999,21 @@ std::string snapshot_dir_from_env(int rank) {
   return area.empty() ? "" : rank_snapshot_dir(area, rank);
 }
 
+std::string snapshot_area_on_every_node(const TrainingState& s) {
+  const std::string area = snapshot_area_from_env();
+  if (s.world->size() < 2) return area;
+  const int64_t mine = area.empty() ? 0 : 1;
+  const at::Tensor both = reduce_over(s, s.world->group(), at::tensor(std::vector<int64_t>{mine, -mine}, at::kLong),
+                                      c10d::ReduceOp::MAX, "snapshot area check")
+                              .cpu();
+  const bool some = both[0].item<int64_t>() == 1, all = both[1].item<int64_t>() == -1;
+  if (all) return area;
+  if (some && s.world->rank() == 0)
+    std::fprintf(stderr, "trireme: a node has no snapshot area (see its agent's message): no rank snapshots to memory, "
+                         "and a restart resumes from the checkpoint directory\n");
+  return "";
+}
+
 bool elastic_from_env() {
   const char* elastic = std::getenv("TRIREME_ELASTIC");
   return elastic && std::string(elastic) == "1";
@@ -1040,7 +1055,8 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
   state_.adamw = &optimizer;
   state_.layout = {"dp=" + std::to_string(world.size()), world.size(), 1, 1, 0, -1, "", ""};
   state_.share_snapshots = options_.share_snapshots && !elastic_from_env();
-  snapshot_dir_ = snapshot_dir_from_env(world.rank());
+  area_ = snapshot_area_on_every_node(state_);
+  snapshot_dir_ = area_.empty() ? "" : snapshot_dir_from_env(world.rank());
   snapshot_every_ = snapshot_interval(options_.snapshot_every, snapshot_dir_);
   CheckpointLayout own = state_.layout;
   own.rank = world.rank();
@@ -1053,7 +1069,7 @@ Resumable::~Resumable() = default;  // each writer's destructor finishes its wri
 
 int64_t Resumable::resume() {
   int64_t step = 0, floor = 0;
-  const std::string area = snapshot_area_from_env();
+  const std::string& area = area_;
   const bool elastic = elastic_from_env();
   if (world_restarted() && !area.empty() && (elastic || !snapshot_dir_.empty()) && !options_.checkpoint_dir.empty())
     step = load_newer_checkpoint(state_, options_.checkpoint_dir, memory_step_bound(state_, area, elastic), &floor);

@@ -150,6 +150,11 @@ int64_t load_from_memory(const TrainingState& state, const std::string& area, st
 std::string snapshot_dir_from_env(int rank);
 // The snapshot area itself (TRIREME_SNAPSHOT_DIR), or "".
 std::string snapshot_area_from_env();
+// The snapshot area where every node of the job has one, else "" on every rank (one
+// all-reduce over s.world): a node whose agent could make none (its shared memory not
+// writable) would otherwise skip the resume collectives the others call, and not snapshot
+// when they do. Rank 0 says so on stderr when some nodes have one and others not.
+std::string snapshot_area_on_every_node(const TrainingState& s);
 // Whether the launcher runs an elastic job (TRIREME_ELASTIC=1: --nnodes MIN:MAX), whose
 // world size may change between generations.
 bool elastic_from_env();
@@ -221,7 +226,8 @@ class Resumable {
  private:
   TrainingState state_;
   ResumableOptions options_;
-  std::string snapshot_dir_;
+  std::string area_;          // snapshot_area_on_every_node
+  std::string snapshot_dir_;  // this rank's in area_, or ""
   int64_t snapshot_every_ = 0;
   int64_t last_step_ = 0;  // the last step done or resumed at
   std::unique_ptr<Snapshotter> snapshotter_;
