@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -91,6 +92,24 @@ TEST(CheckpointWriterLock, ARestartedJobGoesOnWithoutALockItsEarlierGenerationHo
   const trireme::ft::WriterLock earlier(root);
   EXPECT_NO_THROW(trireme::ft::WriterLock(root, std::chrono::milliseconds(100), /*restarted=*/true));
   EXPECT_THROW(trireme::ft::WriterLock(root, std::chrono::milliseconds(100)), trireme::Unrecoverable);
+}
+
+// A root that cannot be made (under a file) is a typed error naming it, not the standard
+// library's filesystem_error.
+TEST(CheckpointWriterLock, ARootThatCannotBeMadeIsATypedError) {
+  TempDir tmp;
+  fs::create_directories(tmp.path);
+  const std::string file = tmp.path + "/a-file";
+  std::ofstream(file) << "x";
+  ASSERT_TRUE(fs::is_regular_file(file));
+  try {
+    trireme::ft::WriterLock lock(file + "/root");
+    ADD_FAILURE() << "a root under a file was taken";
+  } catch (const trireme::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create the checkpoint directory " + file + "/root"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Two writers on one root: the second is refused, naming the root and the fix; once the

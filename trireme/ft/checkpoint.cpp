@@ -227,14 +227,16 @@ at::Tensor host_data(const SavedPiece& piece) {
 }
 
 WriterLock::WriterLock(const std::string& root, std::chrono::milliseconds wait, bool restarted) {
-  fs::create_directories(root);
+  std::error_code made;
+  fs::create_directories(root, made);
+  TRIREME_CHECK(!made, "cannot create the checkpoint directory ", root, ": ", made.message());
   const std::string path = root + "/.writer";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   TRIREME_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
   const auto deadline = std::chrono::steady_clock::now() + wait;
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
-    if ((error == EWOULDBLOCK || error == EINTR) && std::chrono::steady_clock::now() < deadline) {
+    if (error == EINTR || (error == EWOULDBLOCK && std::chrono::steady_clock::now() < deadline)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }

@@ -27,6 +27,12 @@ using Optimizer = parallel::AdamWState;
 // Rank `rank`'s snapshot directory in a node's snapshot area.
 std::string rank_snapshot_dir(const std::string& area, int rank) { return area + "/rank-" + std::to_string(rank); }
 
+// Whether this generation's workers were restarted (torchrun's TORCHELASTIC_RESTART_COUNT > 0).
+bool world_restarted() {
+  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return count && std::atoi(count) > 0;
+}
+
 std::vector<int> share_owners(const TrainingState& s);
 
 // AdamW's state of each local parameter, by TensorImpl. Under ZeRO a collective over the
@@ -566,8 +572,7 @@ std::unique_ptr<BackgroundWriter> checkpoint_writer(const TrainingState& s, cons
   // Rank 0 commits: it holds the root for the writer's life. A restarted job's leader waits
   // a little for its killed predecessor's lock to go, then goes on without it; a new job
   // waits 2 s (a run resumed right after the last one ended, its writer finishing).
-  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool restarted = restarts && std::atoi(restarts) > 0;
+  const bool restarted = world_restarted();
   const auto wait = std::chrono::milliseconds(restarted ? 10000 : 2000);
   const std::shared_ptr<const WriterLock> lock =
       rank == 0 ? std::make_shared<const WriterLock>(root, wait, restarted) : nullptr;
@@ -972,13 +977,6 @@ int64_t memory_step_bound(const TrainingState& s, const std::string& area, bool 
   const std::vector<int64_t> mine = Snapshotter::complete_steps(rank_snapshot_dir(area, s.world->rank()));
   return std::max<int64_t>(0, world_min(s, mine.empty() ? 0 : mine.front()));
 }
-
-namespace {
-bool world_restarted() {
-  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return count && std::atoi(count) > 0;
-}
-}  // namespace
 
 int64_t snapshot_interval(int64_t requested, const std::string& snapshot_dir) {
   const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
