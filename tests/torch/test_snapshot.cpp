@@ -466,6 +466,8 @@ TEST(Resumable, ConstructorChecksItsInputs) {
   masked->register_buffer("mask", at::ones({2}, at::kBool));
   torch::optim::AdamW masked_optimizer(masked->parameters(), torch::optim::AdamWOptions(1e-2));
   refused(*masked, masked_optimizer, {}, "buffer 'mask' is Bool");
+  torch::nn::Sequential empty;  // (a module with nothing to save: no device to agree on either)
+  refused(*empty, optimizer, {}, "the model has no parameters");
   Resumable fine(world, *model, optimizer, {});  // the defaults are fine
 }
 

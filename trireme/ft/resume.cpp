@@ -1041,6 +1041,7 @@ Resumable::Resumable(dist::World& world, torch::nn::Module& model, torch::optim:
                   c10::toString(dtype), "; snapshots and checkpoints hold float32 and float64 parameters");
     state_.parameters.emplace_back(item.key(), item.value());
   }
+  TRIREME_CHECK(!state_.parameters.empty(), "Resumable: the model has no parameters; give it the model it trains");
   for (const auto& item : model.named_buffers()) {
     if (!item.value().defined()) continue;
     TRIREME_CHECK(checkpoint_dtype_supported(item.value().scalar_type()), "Resumable: buffer '", item.key(),
