@@ -1313,6 +1313,23 @@ TEST(LaunchAgent, AWorkerExitingWithNoRestartIsNotRestarted) {
 
 namespace {
 
+// Node 1 of a 3-node job whose nodes 0 and 2 have joined; its worker echoes its generation
+// and world size, and runs until a restart (1 allowed).
+LaunchOptions node1_of_three(MemoryChannel& channel, double join_timeout_s, double stop_grace_s) {
+  channel.set(keys::kRunId, "abc");
+  channel.add(keys::kJoined, 2);
+  LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+                                  "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
+  o.nnodes = 3;
+  o.node_rank = 1;
+  o.max_restarts = 1;
+  o.node_timeout_s = 30;
+  o.join_timeout_s = join_timeout_s;
+  o.stop_grace_s = stop_grace_s;
+  o.rdzv_port = 1234;
+  return o;
+}
+
 // Node 0's part in a 3-node restart 1: its worker failed; it claims the restart, checks in
 // first and leads the decision.
 void node0_leads_restart_1_of_three(MemoryChannel& channel) {
@@ -1357,17 +1374,7 @@ void expect_restart_1_of_three(const LaunchOptions& o, MemoryChannel& channel, s
 // failure ended the job while node 2 was still stopping).
 TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
   MemoryChannel channel;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
-  LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
-                                  "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
-  o.nnodes = 3;
-  o.node_rank = 1;
-  o.max_restarts = 1;
-  o.node_timeout_s = 30;
-  o.join_timeout_s = 2;
-  o.stop_grace_s = 3;
-  o.rdzv_port = 1234;
+  const LaunchOptions o = node1_of_three(channel, /*join_timeout_s=*/2, /*stop_grace_s=*/3);
   // Node 0's worker fails: it claims restart 1, checks in first (it leads) and waits for
   // node 2, which checks in once its worker is killed after the grace; node 0 then decides
   // that all three stay, and both reach the recovery barrier.
@@ -1391,17 +1398,7 @@ TEST(LaunchAgent, ARestartsFollowerWaitsForASlowMemberAsLongAsItsLeader) {
 // gave up while the new leader still waited for the members).
 TEST(LaunchAgent, ARestartsFollowerWaitsForALeaderThatTookOverAsLongAsItWaits) {
   MemoryChannel channel;
-  channel.set(keys::kRunId, "abc");
-  channel.add(keys::kJoined, 2);  // nodes 0 and 2 joined
-  LaunchOptions o = sh_options(1, "echo gen=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
-                                  "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exec sleep 30; fi");
-  o.nnodes = 3;
-  o.node_rank = 1;
-  o.max_restarts = 1;
-  o.node_timeout_s = 30;
-  o.join_timeout_s = 0.5;
-  o.stop_grace_s = 0.5;
-  o.rdzv_port = 1234;
+  const LaunchOptions o = node1_of_three(channel, /*join_timeout_s=*/0.5, /*stop_grace_s=*/0.5);
   // This agent's wait for the membership: --join-timeout after twice the stopping allowance.
   const double wait_s = o.join_timeout_s + 2 * (o.stop_grace_s + 10.0);
   std::thread others([&] {
