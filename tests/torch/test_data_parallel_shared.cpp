@@ -80,15 +80,20 @@ at::Tensor batch(int step) {
 
 torch::optim::AdamWOptions adamw_options() { return torch::optim::AdamWOptions(0.05).weight_decay(0.1); }
 
-// One process, the whole batch, AdamW over the deduplicated parameters.
-std::vector<at::Tensor> reference_parameters() {
-  TiedNet net = make_tied_net();
-  torch::optim::AdamW adamw(unique_parameters(*net), adamw_options());
+// One process: kSteps on the whole batch, `adamw` over the deduplicated parameters.
+void train_whole_batch(TiedNet& net, torch::optim::AdamW& adamw) {
   for (int step = 0; step < kSteps; ++step) {
     net->forward(batch(step)).square().mean().backward();
     adamw.step();
     adamw.zero_grad();
   }
+}
+
+// The parameters one process ends with (train_whole_batch).
+std::vector<at::Tensor> reference_parameters() {
+  TiedNet net = make_tied_net();
+  torch::optim::AdamW adamw(unique_parameters(*net), adamw_options());
+  train_whole_batch(net, adamw);
   std::vector<at::Tensor> out;
   for (const auto& p : unique_parameters(*net)) out.push_back(p.detach().clone());
   return out;
@@ -165,11 +170,7 @@ TEST(DataParallelShared, AZeroCheckpointKeepsTheTiedWeightsMomentsUnderBothNames
   std::filesystem::remove_all(root);
   TiedNet reference = make_tied_net();
   torch::optim::AdamW reference_adamw(unique_parameters(*reference), adamw_options());
-  for (int step = 0; step < kSteps; ++step) {
-    reference->forward(batch(step)).square().mean().backward();
-    reference_adamw.step();
-    reference_adamw.zero_grad();
-  }
+  train_whole_batch(reference, reference_adamw);
   trireme::testing::run_worlds(kWorld, [&](trireme::dist::World& world) {
     TiedNet net = make_tied_net();
     DataParallelOptions options;
