@@ -332,6 +332,28 @@ class Recovery(SnapshotAreaTest):
         self.assertIn("exited with code 3", lines[-1])
         self.assertIn("gave up after 1 restart (--max-restarts 1)", lines[-1])
 
+    def start_two_agents(self, flags, envs):
+        """Two agents (emulated machines) of a DP=2 `--max-restarts 1` run of STEPS steps, one
+        worker each, node N with envs[N]; stopped at the test's end whatever happens."""
+        port = free_port()
+        agents = [subprocess.Popen(
+            [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
+             "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "1", "--dp", "2", "--steps", str(STEPS)]
+            + flags + MODEL, env=envs[node], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for node in (0, 1)]
+        for agent in agents:
+            self.addCleanup(stop, agent)
+        return agents
+
+    def stderr_of_success(self, agents):
+        """Each agent's stderr, once it has exited 0."""
+        errs = []
+        for agent in agents:
+            _, err = agent.communicate(timeout=300)
+            self.assertEqual(agent.returncode, 0, err[-3000:])
+            errs.append(err)
+        return errs
+
     def test_restart_across_two_agents(self):
         """Two agents (emulated machines, one worker each) on one rendezvous: the worker
         of node 1 dies inside a snapshot; node 1's agent asks for a new generation, node
@@ -340,24 +362,13 @@ class Recovery(SnapshotAreaTest):
         rank 0 makes on node 0 from moments that node 1 saw, still adds up (before, its
         phases were off by the skew, e.g. "membership -29950 ms")."""
         ref_params, ref_losses = self.reference(2, ["--dp", "2"])
-        port = free_port()
         out = os.path.join(self.dir, "two-agents")
         dump = out + ".params"
         env = dict(os.environ, OMP_NUM_THREADS="1", TRIREME_TEST_KILL_IN_SNAPSHOT="1:9")
         skewed = dict(env, TRIREME_TEST_CLOCK_SKEW_US="30000000")
-        agents = [subprocess.Popen(
-            [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
-             "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "1", "--snapshot-every", "1",
-             "--snapshot-overhead", "0", "--dp", "2", "--steps", str(STEPS), "--out", out,
-             "--dump-params", dump] + MODEL, env=skewed if node == 1 else env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True) for node in (0, 1)]
-        for agent in agents:
-            self.addCleanup(stop, agent)
-        errs = []
-        for agent in agents:
-            _, err = agent.communicate(timeout=300)
-            self.assertEqual(agent.returncode, 0, err[-3000:])
-            errs.append(err)
+        agents = self.start_two_agents(["--snapshot-every", "1", "--snapshot-overhead", "0", "--out", out,
+                                        "--dump-params", dump], [env, skewed])
+        errs = self.stderr_of_success(agents)
         # Node 0 restarts either because it saw node 1's request or because its own
         # worker lost its peer first; either way it joins generation 1.
         self.assertIn("restarting the workers (restart 1 of 1)", errs[0])
@@ -376,19 +387,11 @@ class Recovery(SnapshotAreaTest):
         node 1's worker resumes every rank from the checkpoint, bitwise. Before, node 0's
         rank called the in-memory resume's collectives, which node 1's skipped."""
         ref_params, ref_losses = self.reference(2, ["--dp", "2"])
-        port = free_port()
         out = os.path.join(self.dir, "one-area")
         dump = out + ".params"
         env = dict(os.environ, OMP_NUM_THREADS="1")
         no_area = dict(env, TRIREME_SNAPSHOT_ROOT=os.path.join(self.dir, "no-such-directory"))
-        agents = [subprocess.Popen(
-            [TRIREME, "train", "gpt", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
-             "--rdzv", f"127.0.0.1:{port}", "--max-restarts", "1", "--checkpoint-every", "1", "--dp", "2",
-             "--steps", str(STEPS), "--out", out, "--dump-params", dump] + MODEL,
-            env=no_area if node == 1 else env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for node in (0, 1)]
-        for agent in agents:
-            self.addCleanup(stop, agent)
+        agents = self.start_two_agents(["--checkpoint-every", "1", "--out", out, "--dump-params", dump], [env, no_area])
         path = os.path.join(out, "metrics.jsonl")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and lines_in(path) < 8 and all(a.poll() is None for a in agents):
@@ -396,11 +399,7 @@ class Recovery(SnapshotAreaTest):
         victims = [p for p in workers_alive(out) if rank_of(p) == 1]
         self.assertEqual(len(victims), 1, f"node 1's worker not found after {lines_in(path)} steps")
         os.kill(victims[0], signal.SIGKILL)
-        errs = []
-        for agent in agents:
-            _, err = agent.communicate(timeout=300)
-            self.assertEqual(agent.returncode, 0, err[-3000:])
-            errs.append(err)
+        errs = self.stderr_of_success(agents)
         self.assertIn("a node has no snapshot area", errs[0])
         resumed = [l for l in errs[0].splitlines() if "resumed at step" in l]
         self.assertTrue(resumed, errs[0][-3000:])
